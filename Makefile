@@ -1,0 +1,27 @@
+# The two commands of the README. Each sets up the environment (./.venv) first; that step is a
+# no-op when the environment is already up to date.
+#   make demo   set up + the main job on the embedded demo data (DINO -> Binary-AUC -> probe)
+#   make test   set up + the test suite (what CI runs: .ci/run)
+PY := .venv/bin/python
+export OMP_NUM_THREADS ?= 2
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test test-fast lint clean-demo
+
+setup:
+	bash tools/setup_env.sh
+
+demo: setup
+	$(PY) tools/demo.py --work-dir work_dirs/demo
+
+test: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
+
+lint:
+	$(PY) -m flake8 mmdinomamba tools tests || true
+
+clean-demo:
+	rm -rf work_dirs/demo data/embedded

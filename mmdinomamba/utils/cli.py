@@ -1,0 +1,88 @@
+"""Helpers shared by ``tools/train.py`` and ``tools/test.py``: config loading with clear errors."""
+import difflib
+import os.path as osp
+from typing import Dict, Optional
+
+from mmengine.config import Config, ConfigDict
+
+from .compat import patch_external_config_scopes
+
+patch_external_config_scopes()
+
+
+def _flat_keys(cfg, prefix=''):
+    keys = set()
+    for k, v in cfg.items():
+        name = f'{prefix}{k}'
+        keys.add(name)
+        if isinstance(v, (dict, ConfigDict)):
+            keys |= _flat_keys(v, name + '.')
+    return keys
+
+
+def _has_path(cfg, dotted: str) -> bool:
+    node = cfg
+    for part in dotted.split('.'):
+        if isinstance(node, (dict, ConfigDict)) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def check_cfg_options(cfg: Config, options: Optional[Dict], allow_new_keys: bool = False):
+    """Raise ``KeyError`` for a ``--cfg-options`` key that is not in the config.
+
+    A typo such as ``train_cfg.max_iter=10`` would otherwise silently add a key nobody reads.
+    Keys under a ``type``-d dict may still be added with ``allow_new_keys``.
+    """
+    if not options or allow_new_keys:
+        return
+    known = sorted(_flat_keys(cfg))
+    for key in options:
+        if _has_path(cfg, key):
+            continue
+        close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+        hint = f' Did you mean: {", ".join(close)}?' if close else ''
+        raise KeyError(
+            f'--cfg-options: unknown config key {key!r} (not in {cfg.filename}).{hint} '
+            'Pass --allow-new-keys to add a key that the config does not define.')
+
+
+def load_config(path: str, options: Optional[Dict] = None,
+                allow_new_keys: bool = False) -> Config:
+    """Load ``path`` with clear errors and merge ``options`` (checked by
+    :func:`check_cfg_options`)."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'config file not found: {path}')
+    cfg = Config.fromfile(path)
+    check_cfg_options(cfg, options, allow_new_keys)
+    if options:
+        cfg.merge_from_dict(options)
+    return cfg
+
+
+def check_data_roots(cfg: Config) -> None:
+    """Fail early, naming the path, when a dataloader's ``data_root`` does not exist.
+
+    Datasets that generate their data (``EmbeddedShapes`` and the embedded seg/det sets) are
+    skipped: they create their folder on first use.
+    """
+    for name in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        loader = cfg.get(name)
+        if not loader:
+            continue
+        dataset = loader.get('dataset', {})
+        while isinstance(dataset, dict) and 'dataset' in dataset:  # wrappers
+            dataset = dataset['dataset']
+        if not isinstance(dataset, dict):
+            continue
+        if 'Embedded' in str(dataset.get('type', '')):
+            continue
+        root = dataset.get('data_root')
+        if root and not osp.isdir(root):
+            raise FileNotFoundError(
+                f'{name}.dataset.data_root={root!r} does not exist. Point it at your data with '
+                f'--cfg-options {name}.dataset.data_root=/path/to/data (see README "Data").')

@@ -1,0 +1,47 @@
+"""Shared pytest setup: deterministic, few threads, `gpu` marker skipped without CUDA."""
+import os
+
+os.environ.setdefault('OMP_NUM_THREADS', '2')
+os.environ.setdefault('MKL_NUM_THREADS', '2')
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import mmdinomamba  # noqa: E402,F401  (registers modules, patches config scopes)
+
+torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason='needs CUDA')
+    for item in items:
+        if 'gpu' in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope='session')
+def embedded_root(tmp_path_factory):
+    """A small embedded data set generated once per test session."""
+    from mmdinomamba.datasets.embedded import generate_embedded_dataset
+    root = tmp_path_factory.mktemp('embedded')
+    generate_embedded_dataset(root, num_train=48, num_val=16, img_size=64, seed=0)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolate_default_scope():
+    """Runners built by a test set mmengine's global default scope (e.g. 'mmseg'); restore it so
+    that later tests building mmpretrain modules see the registry state they expect."""
+    from mmengine.registry import DefaultScope
+    saved = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(saved)

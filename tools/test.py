@@ -1,0 +1,60 @@
+"""Evaluate a checkpoint with any mmdinomamba config (metrics come from the config's evaluator).
+
+Example:
+    python tools/test.py configs/analysis/binary-auc_dinovim-demo_embedded.py --checkpoint CKPT
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from mmdinomamba.utils.cli import check_data_roots, load_config  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test (evaluate) a model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', nargs='?', help='checkpoint file (positional form)')
+    parser.add_argument('--checkpoint', dest='checkpoint_opt', help='checkpoint file')
+    parser.add_argument('--work-dir', help='the dir to save logs and metrics')
+    parser.add_argument('--out', help='dump the metrics to this .json/.pkl file')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config keys, e.g. test_dataloader.batch_size=8')
+    parser.add_argument('--allow-new-keys', action='store_true',
+                        help='let --cfg-options add keys that the config does not define')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    args.checkpoint = args.checkpoint_opt or args.checkpoint
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if args.checkpoint is not None:
+        if not osp.isfile(args.checkpoint):
+            raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+        cfg.load_from = args.checkpoint
+    check_data_roots(cfg)
+    runner = Runner.from_cfg(cfg)
+    metrics = runner.test()
+    if args.out:
+        from mmengine.fileio import dump
+        dump(metrics, args.out)
+    return metrics
+
+
+if __name__ == '__main__':
+    main()

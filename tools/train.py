@@ -1,0 +1,80 @@
+"""Train with any mmdinomamba config (pretrain, linear probe, seg or det).
+
+The config's ``default_scope`` picks the library (mmpretrain / mmseg / mmdet).
+
+Example:
+    python tools/train.py configs/pretrain/dino_dinovim-demo_1xb64-20e_embedded.py
+    python tools/train.py CONFIG --work-dir work_dirs/x --resume --amp
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from mmdinomamba.utils.cli import check_data_roots, load_config  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from the given checkpoint, or from the latest checkpoint '
+                        'in the work_dir when no path is given')
+    parser.add_argument('--amp', action='store_true', help='enable automatic mixed precision')
+    parser.add_argument('--no-validate', action='store_true', help='skip validation during training')
+    parser.add_argument('--auto-scale-lr', action='store_true', help='scale lr by batch size')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config keys, e.g. train_cfg.max_epochs=2')
+    parser.add_argument('--allow-new-keys', action='store_true',
+                        help='let --cfg-options add keys that the config does not define')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def merge_args(cfg, args):
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if args.amp:
+        opt = cfg.optim_wrapper
+        if opt.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper'):
+            raise ValueError(f'--amp: unsupported optim_wrapper type {opt.type!r}')
+        opt.type = 'AmpOptimWrapper'
+        opt.setdefault('loss_scale', 'dynamic')
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        if not osp.isfile(args.resume):
+            raise FileNotFoundError(f'--resume: checkpoint not found: {args.resume}')
+        cfg.resume, cfg.load_from = True, args.resume
+    if args.no_validate:
+        for key in ('val_cfg', 'val_dataloader', 'val_evaluator'):
+            cfg[key] = None
+    if args.auto_scale_lr:
+        cfg.setdefault('auto_scale_lr', {})['enable'] = True
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)
+    cfg = merge_args(cfg, args)
+    check_data_roots(cfg)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
