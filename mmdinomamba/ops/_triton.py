@@ -1,0 +1,96 @@
+"""The one place where optional CUDA kernels are imported (lazily, guarded, logged once).
+
+Kernels (each looked up on first CUDA use, never at package import):
+
+* ``mamba_chunk_scan_combined`` (SSD scan) and ``rmsnorm_fn`` (gated RMSNorm), the Triton
+  kernels of ``mamba_ssm`` (``mamba_ssm/ops/triton/ssd_combined.py``, ``layernorm_gated.py``);
+* ``causal_conv1d_fn`` from the ``causal_conv1d`` package (CUDA build only).
+
+How ``mamba_ssm`` is reached: ``mamba_ssm==2.3.2.post1`` installed without its CUDA build (the
+pure-Python wheel, ``MAMBA_SKIP_CUDA_BUILD=TRUE``) cannot be imported as a package, because
+its ``__init__.py`` eagerly imports ``selective_scan_cuda`` (a compiled extension that does not
+exist) and ``transformers`` (through ``utils/generation.py``). The Triton kernel files need
+neither. We therefore first try the normal import; if the package's ``__init__`` fails, we
+register a bare package object for ``mamba_ssm`` (its ``__path__`` pointing at the installed
+files, its ``__init__.py`` not executed) in ``sys.modules`` and import the kernel modules
+through it. We do NOT insert a fake ``selective_scan_cuda`` module: the bare package is only
+created when the real package cannot be imported at all, so it hides nothing that worked.
+
+Any failure (no CUDA, no Triton, no ``mamba_ssm``, an import error inside the kernels) is
+logged once and the caller falls back to the portable PyTorch implementation.
+"""
+import importlib
+import importlib.util
+import sys
+import types
+from typing import Callable
+
+_SSD_MODULE = 'mamba_ssm.ops.triton.ssd_combined'
+_NORM_MODULE = 'mamba_ssm.ops.triton.layernorm_gated'
+_cache: dict = {}
+_logged: set = set()
+
+
+def log_once(key: str, msg: str) -> None:
+    """Log ``msg`` through mmengine's current logger the first time ``key`` is seen."""
+    if key in _logged:
+        return
+    _logged.add(key)
+    from mmengine.logging import print_log
+    print_log(f'mmdinomamba.ops: {msg}', logger='current')
+
+
+def _import_mamba_module(name: str) -> types.ModuleType:
+    """Import a ``mamba_ssm`` submodule, bypassing a broken ``mamba_ssm/__init__.py``."""
+    if importlib.util.find_spec('mamba_ssm') is None:
+        raise ImportError('mamba_ssm is not installed')
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        if name in sys.modules:  # imported completely before the package __init__ failed
+            return sys.modules[name]
+        if 'mamba_ssm' in sys.modules:
+            raise  # the package imported; the kernel module itself is broken
+        spec = importlib.util.find_spec('mamba_ssm')
+        pkg = types.ModuleType('mamba_ssm', doc='bare package (mmdinomamba.ops._triton)')
+        pkg.__path__ = list(spec.submodule_search_locations or [])
+        pkg.__spec__, pkg.__file__ = spec, spec.origin
+        sys.modules['mamba_ssm'] = pkg
+        log_once(
+            'bare', f'`import mamba_ssm` failed ({err}); loading its Triton kernel '
+            'files without the package __init__')
+        return importlib.import_module(name)
+
+
+def _lookup(key: str, module: str, attr: str, what: str) -> Callable | None:
+    """Find ``module.attr`` once (cached); log which implementation is used."""
+    if key not in _cache:
+        try:
+            if module.startswith('mamba_ssm'):
+                importlib.import_module('triton')
+                fn = getattr(_import_mamba_module(module), attr)
+            else:
+                fn = getattr(importlib.import_module(module), attr)
+            log_once(key, f'{what}: using {module}.{attr} for CUDA tensors')
+        except Exception as err:  # any failure degrades to the portable path
+            fn = None
+            log_once(
+                key, f'{what}: {module}.{attr} unavailable ({type(err).__name__}: '
+                f'{err}); using the portable PyTorch implementation')
+        _cache[key] = fn
+    return _cache[key]
+
+
+def chunk_scan_fn() -> Callable | None:
+    """``mamba_ssm``'s ``mamba_chunk_scan_combined``, or None if it cannot be used."""
+    return _lookup('scan', _SSD_MODULE, 'mamba_chunk_scan_combined', 'SSD scan')
+
+
+def rmsnorm_fn() -> Callable | None:
+    """``mamba_ssm``'s gated ``rmsnorm_fn`` (Triton), or None."""
+    return _lookup('norm', _NORM_MODULE, 'rmsnorm_fn', 'gated RMSNorm')
+
+
+def causal_conv1d_fn() -> Callable | None:
+    """``causal_conv1d.causal_conv1d_fn`` (CUDA extension), or None."""
+    return _lookup('conv', 'causal_conv1d', 'causal_conv1d_fn', 'causal conv1d')

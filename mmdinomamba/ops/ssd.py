@@ -1,0 +1,73 @@
+"""Public SSD scan entry point: one signature, three implementations.
+
+* ``'ref'``: the naive sequential recurrence (:func:`ssd_scan_ref`, tests only);
+* ``'torch'``: the portable chunked PyTorch scan (:func:`ssd_scan_chunked`), the CPU default;
+* ``'triton'``: ``mamba_ssm``'s ``mamba_chunk_scan_combined`` for CUDA tensors.
+
+``'auto'`` picks Triton for CUDA tensors when ``mamba_ssm`` can be imported, else the portable
+scan. A requested but unusable Triton backend degrades to the portable scan with a logged
+note, never an error (see ``_triton.py``).
+"""
+from torch import Tensor
+
+from . import _triton
+from ._triton import chunk_scan_fn, log_once
+from .ssd_chunked import ssd_scan_chunked
+from .ssd_ref import check_ssd_shapes, ssd_scan_ref
+
+__all__ = ['ssd_scan', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS']
+
+SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
+PORTABLE_CHUNK_SIZE = 64
+
+
+def ssd_scan(x: Tensor,
+             dt: Tensor,
+             A: Tensor,
+             B: Tensor,
+             C: Tensor,
+             D: Tensor | None = None,
+             chunk_size: int = 256,
+             backend: str = 'auto') -> Tensor:
+    """Mamba-2 SSD scan ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t h_t + D x_t``.
+
+    Args:
+        x (Tensor): (batch, length, heads, headdim).
+        dt (Tensor): (batch, length, heads) positive step sizes (softplus and bias applied).
+        A (Tensor): (heads,) negative decay rates.
+        B (Tensor): (batch, length, groups, state); head ``i`` uses group
+            ``i // (heads // groups)``.
+        C (Tensor): (batch, length, groups, state).
+        D (Tensor, optional): (heads,) skip weights. Defaults to None.
+        chunk_size (int): chunk length of the Triton kernel. The portable scan uses
+            ``min(chunk_size, 64)`` (faster on CPU and more accurate in float32; the result
+            does not depend on the chunk size beyond rounding). Defaults to 256.
+        backend (str): ``'auto'``, ``'torch'``, ``'triton'`` or ``'ref'``. Defaults to 'auto'.
+
+    Returns:
+        Tensor: (batch, length, heads, headdim) in the dtype of ``x``.
+    """
+    if backend not in SSD_BACKENDS:
+        raise ValueError(f'backend must be one of {SSD_BACKENDS}, got {backend!r}')
+    check_ssd_shapes(x, dt, A, B, C, D)
+    if backend == 'ref':
+        return ssd_scan_ref(x, dt, A, B, C, D)
+    if backend != 'torch' and (fn := _triton_scan(x, backend)) is not None:
+        try:
+            return fn(x, dt, A, B, C, chunk_size, D=D)
+        except Exception as err:  # e.g. a Triton compile error on this GPU: degrade, once
+            log_once(
+                'triton-run', f'mamba_chunk_scan_combined failed ({type(err).__name__}: '
+                f'{err}); using the portable PyTorch scan from now on')
+            _triton._cache['scan'] = None
+    return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=min(chunk_size, PORTABLE_CHUNK_SIZE))
+
+
+def _triton_scan(x: Tensor, backend: str):
+    """The Triton kernel if it applies to ``x``, else None (with a note if it was asked for)."""
+    if not x.is_cuda:
+        if backend == 'triton':
+            log_once('triton-cpu', "backend='triton' needs CUDA tensors; using the portable "
+                     'PyTorch scan')
+        return None
+    return chunk_scan_fn()

@@ -1,0 +1,73 @@
+"""Gated RMSNorm and the depthwise causal conv against direct computations."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmdinomamba.ops import causal_conv1d, gated_rms_norm
+
+
+def _rms(v, eps):
+    return v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize('norm_before_gate', [False, True])
+@pytest.mark.parametrize('group_size', [None, 4])
+def test_gated_rms_norm_matches_formula(norm_before_gate, group_size):
+    x, z, w = torch.randn(2, 5, 12), torch.randn(2, 5, 12), torch.randn(12)
+    out = gated_rms_norm(
+        x, z, w, eps=1e-5, group_size=group_size, norm_before_gate=norm_before_gate)
+    gs = group_size or 12
+    gate = z * torch.sigmoid(z)
+    v = x if norm_before_gate else x * gate
+    want = torch.cat([_rms(v[..., i:i + gs], 1e-5) for i in range(0, 12, gs)], -1) * w
+    if norm_before_gate:
+        want = want * gate
+    torch.testing.assert_close(out, want)
+
+
+def test_gated_rms_norm_without_gate_and_in_bf16():
+    x, w = torch.randn(3, 8), torch.rand(8)
+    torch.testing.assert_close(gated_rms_norm(x, None, w), _rms(x, 1e-5) * w)
+    out = gated_rms_norm(x.bfloat16(), x.bfloat16(), w)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), gated_rms_norm(x, x, w), rtol=2e-2, atol=2e-2)
+
+
+def test_gated_rms_norm_errors():
+    with pytest.raises(ValueError, match='group_size'):
+        gated_rms_norm(torch.randn(2, 10), None, torch.ones(10), group_size=4)
+    with pytest.raises(ValueError, match='weight must be'):
+        gated_rms_norm(torch.randn(2, 10), None, torch.ones(9))
+
+
+@pytest.mark.parametrize('activation', ['silu', None])
+def test_causal_conv_matches_conv1d_and_loop(activation):
+    b, length, ch, k = 2, 9, 6, 4
+    x = torch.randn(b, length, ch)
+    conv = nn.Conv1d(ch, ch, k, groups=ch, padding=k - 1)
+    out = causal_conv1d(x, conv.weight[:, 0], conv.bias, activation=activation)
+    want = conv(x.transpose(1, 2))[..., :length].transpose(1, 2)
+    loop = torch.stack([
+        conv.bias + sum(conv.weight[:, 0, k - 1 - s] * x[:, t - s] for s in range(min(k, t + 1)))
+        for t in range(length)
+    ],
+                       dim=1)
+    if activation == 'silu':
+        want, loop = F.silu(want), F.silu(loop)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(out, loop)
+
+
+def test_causal_conv_is_causal_and_errors():
+    x = torch.randn(1, 10, 3)
+    w = torch.randn(3, 4)
+    y = causal_conv1d(x, w, None, activation=None)
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    y2 = causal_conv1d(x2, w, None, activation=None)
+    assert torch.equal(y[:, :6], y2[:, :6]) and not torch.equal(y[:, 6:], y2[:, 6:])
+    with pytest.raises(ValueError, match='activation'):
+        causal_conv1d(x, w, activation='relu')
+    with pytest.raises(ValueError, match='weight'):
+        causal_conv1d(x, torch.randn(4, 4))
