@@ -1,0 +1,241 @@
+"""Bidirectional Mamba-2 (SSD) token mixer, the "v2" design of Dino-Mamba / Vim.
+
+Paper: "RNN as Linear Transformer: A Closer Investigation into Representational Potentials of
+Visual Mamba Models"; Mamba-2: https://arxiv.org/abs/2405.21060; Vim (bidirectional "v2"):
+https://arxiv.org/abs/2401.09417.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from mmpretrain.registry import MODELS
+from torch import Tensor
+
+from mmdinomamba.ops import causal_conv1d, gated_rms_norm, ssd_mixing_matrix, ssd_scan
+
+__all__ = ['BiSSD', 'GatedRMSNorm']
+
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(x * silu(z)) * weight`` over groups of ``group_size`` channels (module form of
+    :func:`mmdinomamba.ops.gated_rms_norm`; state-dict key ``weight`` as in ``mamba_ssm``)."""
+
+    def __init__(self,
+                 dims: int,
+                 eps: float = 1e-5,
+                 group_size: int | None = None,
+                 norm_before_gate: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dims))
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+
+    def forward(self, x: Tensor, z: Tensor | None = None) -> Tensor:
+        return gated_rms_norm(x, z, self.weight, self.eps, self.group_size, self.norm_before_gate)
+
+
+def _dt_bias_init(nheads: int, dt_min: float, dt_max: float, floor: float) -> Tensor:
+    """Inverse softplus of ``dt ~ exp(U(log dt_min, log dt_max))`` clamped at ``floor``."""
+    dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = dt.clamp(min=floor)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+@MODELS.register_module()
+class BiSSD(BaseModule):
+    """Bidirectional Mamba-2 mixer: ``out_proj((y_fwd + flip(y_bwd)) / 2)``.
+
+    One shared ``in_proj`` (output order z, x, B, C, dt) and one shared ``out_proj``. The forward
+    direction uses ``conv1d, dt_bias, A_log, D, norm``; the backward direction has its own
+    ``conv1d_b, dt_b_bias, A_log_b, D_b, norm_b`` and runs on the sequence-flipped projection.
+    Parameter names equal the official Dino-Mamba ``Mamba2`` (``bimamba_type='v2'``) keys, so
+    its checkpoints load without renaming. Both directions are always computed; on every
+    backend they run as ONE scan of ``2 * nheads`` heads (backward heads on the flipped
+    sequence, ``2 * ngroups`` groups), or as two scans with ``single_scan=False`` (same result).
+
+    Args:
+        embed_dims (int): token channels ``d_model``.
+        d_state (int): SSM state size ``n``. Defaults to 64.
+        d_conv (int): causal conv kernel. Defaults to 4.
+        expand (int): ``d_inner = expand * embed_dims``. Defaults to 2.
+        headdim (int): channels per head; ``nheads = d_inner // headdim``. Defaults to 64.
+        ngroups (int): groups sharing B and C. Defaults to 1.
+        A_init_range (tuple): ``A = -U(*A_init_range)`` at init. Defaults to (1, 16).
+        dt_min, dt_max, dt_init_floor (float): dt bias init. Defaults to 1e-3, 0.1, 1e-4.
+        chunk_size (int): chunk size of the Triton scan. Defaults to 256.
+        bias (bool): biases of in/out projections. Defaults to False.
+        conv_bias (bool): conv biases. Defaults to True.
+        rmsnorm (bool): gated RMSNorm per direction; False gates with ``silu(z)`` only.
+            Defaults to True.
+        norm_eps (float): RMSNorm epsilon. Defaults to 1e-5.
+        single_scan (bool): both directions in one scan call. Defaults to True.
+        backend (str): SSD backend (see :func:`mmdinomamba.ops.ssd_scan`). Defaults to 'auto'.
+        num_heads (int, optional): if given, must equal the derived ``nheads`` (a check for
+            generic backbone code). Defaults to None.
+        init_cfg (dict, optional): mmengine init config. Defaults to None.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 d_state: int = 64,
+                 d_conv: int = 4,
+                 expand: int = 2,
+                 headdim: int = 64,
+                 ngroups: int = 1,
+                 A_init_range: tuple = (1, 16),
+                 dt_min: float = 1e-3,
+                 dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4,
+                 chunk_size: int = 256,
+                 bias: bool = False,
+                 conv_bias: bool = True,
+                 rmsnorm: bool = True,
+                 norm_eps: float = 1e-5,
+                 single_scan: bool = True,
+                 backend: str = 'auto',
+                 num_heads: int | None = None,
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        d_inner = expand * embed_dims
+        if d_inner % headdim or (d_inner // headdim) % ngroups:
+            raise ValueError(f'expand*embed_dims ({d_inner}) must be divisible by headdim '
+                             f'({headdim}) and nheads by ngroups ({ngroups})')
+        if num_heads is not None and num_heads != d_inner // headdim:
+            raise ValueError(f'num_heads={num_heads} does not match expand*embed_dims/headdim '
+                             f'= {d_inner // headdim} for BiSSD')
+        self.embed_dims, self.d_inner, self.d_state = embed_dims, d_inner, d_state
+        self.headdim, self.ngroups, self.num_heads = headdim, ngroups, d_inner // headdim
+        self.chunk_size, self.single_scan, self.backend = chunk_size, single_scan, backend
+        self.rmsnorm = rmsnorm
+        h, conv_dim = self.num_heads, d_inner + 2 * ngroups * d_state
+        self.in_proj = nn.Linear(embed_dims, 2 * d_inner + 2 * ngroups * d_state + h, bias=bias)
+        self.out_proj = nn.Linear(d_inner, embed_dims, bias=bias)
+        for suffix in ('', '_b'):
+            setattr(
+                self, 'conv1d' + suffix,
+                nn.Conv1d(
+                    conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1,
+                    bias=conv_bias))
+            if rmsnorm:
+                setattr(self, 'norm' + suffix,
+                        GatedRMSNorm(d_inner, norm_eps, group_size=d_inner // ngroups))
+        self.dt_bias = nn.Parameter(_dt_bias_init(h, dt_min, dt_max, dt_init_floor))
+        self.dt_b_bias = nn.Parameter(_dt_bias_init(h, dt_min, dt_max, dt_init_floor))
+        self.A_log = nn.Parameter(torch.empty(h).uniform_(*A_init_range).log())
+        self.A_log_b = nn.Parameter(torch.empty(h).uniform_(*A_init_range).log())
+        self.D = nn.Parameter(torch.ones(h))
+        self.D_b = nn.Parameter(torch.ones(h))
+        for name in ('dt_bias', 'dt_b_bias', 'A_log', 'A_log_b', 'D', 'D_b'):
+            getattr(self, name)._no_weight_decay = True
+
+    def _project(self, x: Tensor):
+        """in_proj -> z (B, L, d_inner), xBC (B, L, conv_dim), dt (B, L, nheads)."""
+        conv_dim = self.d_inner + 2 * self.ngroups * self.d_state
+        return self.in_proj(x).split([self.d_inner, conv_dim, self.num_heads], dim=-1)
+
+    def _conv_params(self):
+        """Weights (2*conv_dim, K) and bias of both convs, channels ordered
+        [x_f, x_b, B_f, B_b, C_f, C_b] so the conv output splits into scan inputs by views."""
+        sizes = [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state]
+        w_f, w_b = self.conv1d.weight[:, 0].split(sizes), self.conv1d_b.weight[:, 0].split(sizes)
+        weight = torch.cat([t for pair in zip(w_f, w_b) for t in pair])
+        if self.conv1d.bias is None:
+            return weight, None
+        b_f, b_b = self.conv1d.bias.split(sizes), self.conv1d_b.bias.split(sizes)
+        return weight, torch.cat([t for pair in zip(b_f, b_b) for t in pair])
+
+    def _scan_inputs(self, xBC: Tensor, dt: Tensor):
+        """Both directions as one SSD problem of 2*nheads heads and 2*ngroups groups.
+
+        Heads ``[0, h)`` are the forward direction in token order; heads ``[h, 2h)`` the backward
+        direction on the flipped sequence. Returns ``u`` (B, L, 2h, p), ``dt`` (B, L, 2h) after
+        softplus, ``A`` (2h,), ``B``, ``C`` (B, L, 2g, n) and ``D`` (2h,).
+        """
+        b, length, _ = xBC.shape
+        d, gn = self.d_inner, self.ngroups * self.d_state
+        sizes = [d, gn, gn]
+        pairs = zip(xBC.split(sizes, dim=-1), xBC.flip(1).split(sizes, dim=-1))
+        pieces = [t for pair in pairs for t in pair]
+        conv = causal_conv1d(torch.cat(pieces, dim=-1), *self._conv_params(), activation='silu')
+        u = conv[..., :2 * d].unflatten(-1, (2 * self.num_heads, self.headdim))
+        Bm = conv[..., 2 * d:2 * d + 2 * gn].unflatten(-1, (2 * self.ngroups, self.d_state))
+        Cm = conv[..., 2 * d + 2 * gn:].unflatten(-1, (2 * self.ngroups, self.d_state))
+        ct = torch.promote_types(dt.dtype, torch.float32)  # dt and A in float32 or better
+        dt = F.softplus(
+            torch.cat([dt, dt.flip(1)], dim=-1).to(ct) +
+            torch.cat([self.dt_bias, self.dt_b_bias]).to(ct))
+        A = -torch.exp(torch.cat([self.A_log, self.A_log_b]).to(ct))
+        return u, dt, A, Bm, Cm, torch.cat([self.D, self.D_b])
+
+    def _scan(self, u, dt, A, Bm, Cm, D) -> Tensor:
+        """(B, L, 2h, p) outputs of both directions, in one or two scan calls."""
+        kw = dict(chunk_size=self.chunk_size, backend=self.backend)
+        if self.single_scan:
+            return ssd_scan(u, dt, A, Bm, Cm, D, **kw)
+        h, g = self.num_heads, self.ngroups
+        return torch.cat([
+            ssd_scan(u[:, :, s], dt[:, :, s], A[s], Bm[:, :, sg], Cm[:, :, sg], D[s], **kw)
+            for s, sg in ((slice(0, h), slice(0, g)), (slice(h, None), slice(g, None)))
+        ],
+                         dim=2)
+
+    def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
+        """Mix tokens ``x`` (B, L, C) -> (B, L, C). ``hw`` is unused (1-D scan over L)."""
+        z, xBC, dt = self._project(x)
+        y = self._scan(*self._scan_inputs(xBC, dt))
+        y_f = y[:, :, :self.num_heads].flatten(2)
+        y_b = y[:, :, self.num_heads:].flip(1).flatten(2)  # back to token order
+        if self.rmsnorm:
+            mixed = (self.norm(y_f, z) + self.norm_b(y_b, z)) / 2
+        else:
+            mixed = (y_f + y_b) / 2 * F.silu(z)
+        return self.out_proj(mixed)
+
+    @torch.no_grad()
+    def mixing_matrices(self, x: Tensor, hw: tuple[int, int] | None = None) -> dict:
+        """The two directions' semiseparable matrices and the values they act on.
+
+        Returns a dict (all in the ORIGINAL token order):
+
+        * ``forward``, ``backward``: (B, nheads, L, L) ``M`` of each direction including its
+          ``D`` on the diagonal; ``forward`` is lower and ``backward`` upper triangular;
+        * ``value_forward``, ``value_backward``: (B, L, nheads, headdim) the conv outputs each
+          direction scans (they differ: each direction has its own causal conv);
+        * ``gate``: (B, L, d_inner) ``z``.
+
+        Exactly: ``y_dir = M_dir @ value_dir`` per head is each direction's scan output, and the
+        mixer output is ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)`` (with
+        ``rmsnorm=False``: ``out_proj((y_fwd + y_bwd) / 2 * silu(z))``).
+        """
+        z, xBC, dt = self._project(x)
+        u, dt, A, Bm, Cm, D = self._scan_inputs(xBC, dt)
+        h, g = self.num_heads, self.ngroups
+        mats, ct = [], dt.dtype
+        for s, sg in ((slice(0, h), slice(0, g)), (slice(h, None), slice(g, None))):
+            M = ssd_mixing_matrix(dt[:, :, s], A[s], Bm[:, :, sg].to(ct), Cm[:, :, sg].to(ct))
+            mats.append(M + torch.diag_embed(D[s].to(ct)[:, None].expand(-1, M.shape[-1])))
+        return dict(
+            forward=mats[0],
+            backward=mats[1].flip(-1).flip(-2),
+            value_forward=u[:, :, :h],
+            value_backward=u[:, :, h:].flip(1),
+            gate=z)
+
+    @torch.no_grad()
+    def mixing_matrix(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
+        """``M = (M_fwd + M_bwd) / 2`` (B, nheads, L, L): Mamba's "hidden attention".
+
+        ``M_fwd`` (lower) and ``M_bwd`` (upper triangular) are the per-head semiseparable
+        matrices of the two directions in the original token order, each with its ``D`` on
+        the diagonal, averaged as the forward averages the directions. What it reproduces:
+        the two directions scan different values (each has its own causal conv), so
+        ``(M_fwd @ v_fwd + M_bwd @ v_bwd) / 2`` is the exact combined pre-norm scan output,
+        and ``M @ v`` equals it whenever ``v_fwd == v_bwd``. The gated RMSNorm of each direction
+        sits between the scan and the average, so ``M`` describes the token mixing up to that
+        per-token normalization; with ``rmsnorm=False`` the whole mixing step is exactly
+        ``out_proj(((M_fwd @ v_fwd + M_bwd @ v_bwd) / 2) * silu(z))``. Use
+        :meth:`mixing_matrices` for the per-direction terms.
+        """
+        mats = self.mixing_matrices(x, hw)
+        return (mats['forward'] + mats['backward']) / 2

@@ -1,0 +1,173 @@
+"""BiSSD: both directions used, mixing matrices exact, official parameter names and counts."""
+import pytest
+import torch
+import torch.nn.functional as F
+from mmpretrain.registry import MODELS
+
+from mmdinomamba.models.mixers import BiSSD
+from mmdinomamba.ops import ssd_mixing_matrix
+
+DIM, L = 32, 23
+TINY = dict(embed_dims=DIM, d_state=8, headdim=8, chunk_size=16)
+OFFICIAL_KEYS = {
+    'in_proj.weight', 'conv1d.weight', 'conv1d.bias', 'conv1d_b.weight', 'conv1d_b.bias', 'dt_bias',
+    'dt_b_bias', 'A_log', 'A_log_b', 'D', 'D_b', 'norm.weight', 'norm_b.weight', 'out_proj.weight'
+}
+
+
+def _mixer(**kw):
+    torch.manual_seed(0)
+    return BiSSD(**{**TINY, **kw}).double()
+
+
+def _apply(M, v):
+    """(B, h, L, L) @ (B, L, h, p) per head -> (B, L, h, p)."""
+    return torch.einsum('bhij,bjhp->bihp', M, v)
+
+
+def test_build_from_registry_shapes_and_keys():
+    m = MODELS.build(dict(type='BiSSD', **TINY))
+    x = torch.randn(2, L, DIM)
+    assert m(x, hw=(1, L)).shape == x.shape
+    assert m.num_heads == 2 * DIM // 8
+    assert set(m.state_dict()) == OFFICIAL_KEYS
+
+
+def test_init_follows_mamba2():
+    m = BiSSD(256)
+    for dt_bias in (m.dt_bias, m.dt_b_bias):
+        dt = F.softplus(dt_bias)
+        assert dt.min() >= 1e-4 - 1e-9 and dt.max() <= 0.1 + 1e-6
+    for a_log in (m.A_log, m.A_log_b):
+        assert a_log.exp().min() >= 1 and a_log.exp().max() <= 16
+    assert torch.equal(m.D, torch.ones(8)) and torch.equal(m.D_b, torch.ones(8))
+    assert m.conv1d.weight.shape == (512 + 128, 1, 4) and m.in_proj.bias is None
+
+
+@pytest.mark.parametrize('d_model,expected_layer,expected_total', [(256, 435504, 10.71e6),
+                                                                   (512, 1660256, 40.35e6),
+                                                                   (768, 3675536, 88.97e6)])
+def test_parameter_count_matches_official_formula(d_model, expected_layer, expected_total):
+    d_inner, n, h, k = 2 * d_model, 64, 2 * d_model // 64, 4
+    conv_dim = d_inner + 2 * n
+    formula = (
+        d_model * (2 * d_inner + 2 * n + h) + 2 * (conv_dim * k + conv_dim) + 6 * h + 2 * d_inner +
+        d_inner * d_model)
+    count = sum(p.numel() for p in BiSSD(d_model).parameters())
+    assert count == formula == expected_layer
+    # DinoVim: 24 x (mixer + RMSNorm) + patch embed + pos embed (197) + cls + final norm
+    trunk = 3 * 16 * 16 * d_model + d_model + 197 * d_model + d_model + d_model
+    assert abs(24 * (count + d_model) + trunk - expected_total) < 0.005e6
+
+
+@pytest.mark.parametrize('backend', ['torch', 'ref'])
+def test_single_scan_equals_two_scans(backend):
+    m = _mixer(backend=backend)
+    x = torch.randn(2, L, DIM, dtype=torch.float64)
+    y1 = m(x)
+    m.single_scan = False
+    torch.testing.assert_close(m(x), y1, rtol=1e-12, atol=1e-12)
+
+
+def test_mixing_matrices_reproduce_each_direction():
+    m = _mixer()
+    x = torch.randn(2, L, DIM, dtype=torch.float64)
+    mats = m.mixing_matrices(x)
+    h = m.num_heads
+    y = m._scan(*m._scan_inputs(*m._project(x)[1:]))
+    torch.testing.assert_close(_apply(mats['forward'], mats['value_forward']), y[:, :, :h])
+    torch.testing.assert_close(
+        _apply(mats['backward'], mats['value_backward']), y[:, :, h:].flip(1))
+    assert torch.all(mats['forward'].triu(1) == 0) and torch.all(mats['backward'].tril(-1) == 0)
+    _, dt, A, Bm, Cm, D = m._scan_inputs(*m._project(x)[1:])
+    g = m.ngroups
+    want = ssd_mixing_matrix(dt[:, :, :h], A[:h], Bm[:, :, :g], Cm[:, :, :g])
+    torch.testing.assert_close(mats['forward'], want + torch.diag_embed(D[:h, None].expand(h, L)))
+    combined = m.mixing_matrix(x)
+    torch.testing.assert_close(combined, (mats['forward'] + mats['backward']) / 2)
+
+
+def test_forward_without_norm_is_out_proj_of_mixing():
+    m = _mixer(rmsnorm=False)
+    x = torch.randn(2, L, DIM, dtype=torch.float64)
+    mats = m.mixing_matrices(x)
+    y = (_apply(mats['forward'], mats['value_forward']) +
+         _apply(mats['backward'], mats['value_backward'])) / 2
+    want = m.out_proj(y.flatten(2) * F.silu(mats['gate']))
+    torch.testing.assert_close(m(x), want)
+
+
+def test_combined_matrix_is_exact_when_both_directions_see_the_same_values():
+    """With pointwise convs (only the current-token tap) v_fwd == v_bwd, so M @ v is exact."""
+    m = _mixer(rmsnorm=False)
+    with torch.no_grad():
+        m.conv1d.weight[..., :-1] = 0
+        m.conv1d_b.weight.copy_(m.conv1d.weight)
+        m.conv1d_b.bias.copy_(m.conv1d.bias)
+    x = torch.randn(2, L, DIM, dtype=torch.float64)
+    mats = m.mixing_matrices(x)
+    torch.testing.assert_close(mats['value_forward'], mats['value_backward'])
+    want = m.out_proj(
+        _apply(m.mixing_matrix(x), mats['value_forward']).flatten(2) * F.silu(mats['gate']))
+    torch.testing.assert_close(m(x), want)
+
+
+def test_both_directions_are_used():
+    m = _mixer()
+    x = torch.randn(1, L, DIM, dtype=torch.float64)
+    y = m(x)
+    late, early = x.clone(), x.clone()
+    late[:, -1] += 1.0  # reaches token 0 only through the backward direction
+    early[:, 0] += 1.0  # reaches the last token only through the forward direction
+    assert (m(late) - y)[:, 0].abs().max() > 1e-6
+    assert (m(early) - y)[:, -1].abs().max() > 1e-6
+    with torch.no_grad():  # silencing the backward direction changes the output
+        m.conv1d_b.weight.zero_()
+        m.conv1d_b.bias.zero_()
+    assert (m(x) - y).abs().max() > 1e-6
+
+
+def test_gradients_reach_every_parameter():
+    m = BiSSD(**TINY)
+    x = torch.randn(2, L, DIM, requires_grad=True)
+    m(x).square().sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+    assert torch.isfinite(x.grad).all()
+
+
+def test_portable_backend_matches_reference_backend():
+    m = _mixer()
+    x = torch.randn(2, 70, DIM, dtype=torch.float64)
+    y = m(x)
+    m.backend = 'ref'
+    torch.testing.assert_close(m(x), y, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('kw,match', [(dict(headdim=7), 'divisible by headdim'),
+                                      (dict(num_heads=3), 'num_heads=3'),
+                                      (dict(ngroups=3), 'ngroups')])
+def test_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        BiSSD(**{**TINY, **kw})
+
+
+@pytest.mark.gpu
+def test_cuda_mixer_matches_portable():
+    """The CUDA path (Triton scan, fused kernels when installed) vs the portable path.
+
+    Float32 inputs; Triton's fp32 matmuls may use TF32, hence the 1e-2 tolerances."""
+    m = BiSSD(**TINY).cuda()
+    x = torch.randn(2, 197, DIM, device='cuda')
+    results = []
+    for backend in ('auto', 'torch'):
+        m.backend = backend
+        m.zero_grad()
+        y = m(x)
+        y.square().sum().backward()
+        results.append((y.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-2, atol=1e-2)
+    for name, grad in results[0][1].items():
+        err = (grad - results[1][1][name]).norm() / results[1][1][name].norm()
+        assert err < 1e-2, name

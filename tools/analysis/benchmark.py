@@ -1,0 +1,177 @@
+"""Throughput and peak memory of the backbones, forward and forward+backward.
+
+Each backbone is measured at each resolution in the same run, and its numbers are printed next to
+the ratio to the ViT of the same size (``-t``/``-s`` models -> ViT-S, ``-b`` -> ViT-B) measured in
+that run. Throughput = images / second over ``--iters`` timed iterations after ``--warmup``.
+Peak memory (activations, gradients and workspace; model and input excluded): CUDA ->
+``torch.cuda.max_memory_allocated`` minus what was allocated before the first step; CPU -> peak
+resident set size minus the resident size before the first step (each CPU case runs in its own
+process, so the peak is its own).
+
+Example::
+
+    python tools/analysis/benchmark.py --device cpu --archs vit-s dinovim-t --res 224 --batch 2
+    python tools/analysis/benchmark.py --device cuda --res 224 512 1024 --batch 8 --amp
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+ARCHS = {
+    'vit-s': dict(type='ViT', arch='s'),
+    'vit-b': dict(type='ViT', arch='b'),
+    'linearvit-b': dict(type='LinearViT', arch='b'),
+    'dinovim-t': dict(type='DinoVim', arch='t'),
+    'dinovim-s': dict(type='DinoVim', arch='s'),
+    'dinovim-b': dict(type='DinoVim', arch='b'),
+    'mambareg-b': dict(type='MambaReg', arch='b'),
+}
+MODES = ('fwd', 'fwd+bwd')
+
+
+def reference_of(name: str) -> str:
+    """The ViT a model is compared with: same size letter, ``t`` compared with ViT-S."""
+    return 'vit-b' if name.endswith('-b') else 'vit-s'
+
+
+def _build(name: str, device: str):
+    from mmdinomamba.models import backbones
+    cfg = dict(ARCHS[name])
+    return getattr(backbones, cfg.pop('type'))(**cfg, drop_path_rate=0.).to(device)
+
+
+def _sync(device: str) -> None:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def _step(model, x, mode: str, amp: bool) -> None:
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+        if mode == 'fwd':
+            with torch.no_grad():
+                model(x)
+            return
+        out = model(x)
+    sum(o.float().sum() for o in out).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _current_rss_kib() -> float:
+    """Resident set size of this process now, in KiB (Linux ``/proc/self/statm``)."""
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024
+
+
+def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
+            amp: bool) -> dict:
+    """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
+    model = _build(name, device)
+    model.train(mode != 'fwd')
+    x = torch.randn(batch, 3, res, res, device=device)
+    _sync(device)
+    if device.startswith('cuda'):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _current_rss_kib()
+    for _ in range(warmup):
+        _step(model, x, mode, amp)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        _step(model, x, mode, amp)
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    if device.startswith('cuda'):
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:  # ru_maxrss is in KiB on Linux
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    return dict(imgs=batch * iters / elapsed, mem=peak, params=params)
+
+
+def _run_case(args, name: str, res: int, mode: str) -> dict:
+    """Measure one case: in-process on CUDA, in a fresh process on CPU (own peak RSS)."""
+    if args.device.startswith('cuda'):
+        try:
+            return measure(name, res, mode, args.batch, args.device, args.iters, args.warmup,
+                           args.amp)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'))
+    cmd = [sys.executable, __file__, '--one', name, str(res), mode, '--batch', str(args.batch),
+           '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
+    cmd += ['--amp'] if args.amp else []
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode:
+        raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(args) -> list[dict]:
+    names = list(args.archs)
+    for ref in {reference_of(n) for n in names}:  # the references are measured in the same run
+        if ref not in names:
+            names.insert(0, ref)
+    rows = []
+    for res in args.res:
+        for mode in args.modes:
+            results = {n: _run_case(args, n, res, mode) for n in names}  # nan = out of memory
+            for n in names:
+                r, ref = results[n], results[reference_of(n)]
+                rows.append(dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n),
+                                 speed_ratio=r['imgs'] / ref['imgs'],
+                                 mem_ratio=r['mem'] / max(ref['mem'], 1e-9)))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f'{"arch":<12}{"res":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}{"peak MiB":>11}'
+            f'{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
+    lines = [head, '-' * len(head)]
+    for r in rows:
+        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["mode"]:>9}{r["params"]:>11.2f}'
+                     f'{r["imgs"]:>10.2f}{r["mem"]:>11.1f}{r["ref"]:>8}'
+                     f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
+    return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--archs', nargs='+', default=list(ARCHS), choices=list(ARCHS))
+    parser.add_argument('--res', nargs='+', type=int, default=[224, 512, 1024])
+    parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
+    parser.add_argument('--batch', type=int, default=8)
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--iters', type=int, default=10)
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
+    parser.add_argument('--json', help='also write the rows to this JSON file')
+    parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.one:
+        name, res, mode = args.one
+        print(json.dumps(measure(name, int(res), mode, args.batch, args.device, args.iters,
+                                 args.warmup, args.amp)))
+        return
+    rows = run(args)
+    print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
+          f'threads={torch.get_num_threads()}')
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()

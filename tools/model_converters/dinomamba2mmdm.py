@@ -1,0 +1,137 @@
+"""Convert official Dino-Mamba checkpoints (yangtiming/Dino-Mamba) to mmdinomamba keys.
+
+Handles the released DinoVim T/S/B (``models_vim.VisionMamba``) and Mamba-Reg-B
+(``models_mambar``) weights, as DINO training checkpoints (``teacher`` / ``student`` entries,
+``module.`` and ``backbone.`` prefixes; the DINO projection head and the unused classifier
+``head.*`` are dropped) or plain backbone state dicts. Official keys: ``patch_embed.proj.*``,
+``cls_token`` (1, 1, C) and ``pos_embed`` (1, 1 + N, C) with the cls position at row 0 (DinoVim)
+or ``cls_token`` / ``pos_embed_cls`` (1, 12, C) and a 7x7 ``pos_embed`` (1, 49, C) (Mamba-Reg),
+``layers.{i}.norm.weight``, ``layers.{i}.mixer.*`` (Mamba-2 v2), ``norm_f.weight``.
+
+The result loads into ``DinoVim(arch=..., legacy_dinomamba_layout=True)`` (the released token
+layout: outputs equal the official model's) or ``MambaReg(arch=..., img_size=112)``; the meta
+entry records that config. The same weights also load into the clean middle-cls ``DinoVim``.
+
+Example::
+
+    python tools/model_converters/dinomamba2mmdm.py checkpoint.pth dinovim-b.pth --arch b
+    python tools/model_converters/dinomamba2mmdm.py mambar.pth mambareg-b.pth --key student
+"""
+import argparse
+import re
+import sys
+from collections import OrderedDict
+
+import torch
+
+VIM_ARCH_BY_WIDTH = {256: 't', 512: 's', 768: 'b'}
+
+
+def _backbone_only(state_dict: dict) -> tuple[OrderedDict, list[str]]:
+    """Strip ``module.``; keep only ``backbone.*`` when present. Returns (kept, dropped)."""
+    sd = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
+                     for k, v in state_dict.items())
+    if not any(k.startswith('backbone.') for k in sd):
+        return sd, []
+    dropped = [k for k in sd if not k.startswith('backbone.')]
+    return OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
+                       if k.startswith('backbone.')), dropped
+
+
+def _map_layer_key(index: str, rest: str) -> str:
+    """``norm.*`` -> ``norm1.*``; mixer keys are unchanged (BiSSD uses the official names:
+    in_proj, conv1d(_b), dt_bias / dt_b_bias, A_log(_b), D(_b), norm(_b), out_proj)."""
+    if rest.startswith('norm.'):
+        return f'layers.{index}.norm1.{rest[len("norm."):]}'
+    return f'layers.{index}.{rest}'
+
+
+def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
+    """Map official Dino-Mamba keys to ours.
+
+    DinoVim: ``pos_embed`` row 0 -> ``pos_embed_cls``, rows 1: -> ``pos_embed`` (patch grid).
+    Mamba-Reg: ``pos_embed`` (grid), ``pos_embed_cls`` and ``cls_token`` (registers) unchanged.
+    Both: ``layers.{i}.norm`` -> ``layers.{i}.norm1``, ``layers.{i}.mixer.*`` unchanged,
+    ``norm_f`` -> ``norm``; ``head.*`` dropped. Unknown keys are kept so that
+    the key check reports them as unexpected.
+
+    Returns:
+        tuple: (converted state dict, dropped source keys, 'DinoVim' or 'MambaReg').
+    """
+    sd, dropped = _backbone_only(state_dict)
+    kind = 'MambaReg' if 'pos_embed_cls' in sd else 'DinoVim'
+    out = OrderedDict()
+    for k, v in sd.items():
+        layer = re.match(r'layers\.(\d+)\.(.+)$', k)
+        if k.startswith('head.'):
+            dropped.append(k)
+        elif k == 'pos_embed' and kind == 'DinoVim':
+            out['pos_embed_cls'], out['pos_embed'] = v[:, :1].clone(), v[:, 1:].clone()
+        elif k.startswith('norm_f.'):
+            out['norm.' + k[len('norm_f.'):]] = v
+        elif layer:
+            out[_map_layer_key(layer[1], layer[2])] = v
+        else:
+            out[k] = v
+    return out, dropped, kind
+
+
+def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None) -> dict:
+    """Our model config for converted weights (arch from the width, grid -> img_size)."""
+    for need in ('patch_embed.proj.weight', 'pos_embed'):
+        if need not in state_dict:
+            raise KeyError(f'converted weights have no {need!r}: not a Dino-Mamba backbone?')
+    width = state_dict['patch_embed.proj.weight'].shape[0]
+    if arch is None:
+        if width not in VIM_ARCH_BY_WIDTH:
+            raise ValueError(f'cannot infer arch from width {width}; pass --arch')
+        arch = VIM_ARCH_BY_WIDTH[width]
+    patch = state_dict['patch_embed.proj.weight'].shape[-1]
+    side = round(state_dict['pos_embed'].shape[1]**0.5)
+    cfg = dict(type=kind, arch=arch, patch_size=patch, img_size=side * patch)
+    if kind == 'DinoVim':
+        cfg['legacy_dinomamba_layout'] = True
+    return cfg
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('src', help='official Dino-Mamba checkpoint')
+    parser.add_argument('dst', help='output file')
+    parser.add_argument('--arch', help="'t', 's' or 'b' (default: inferred from the width)")
+    parser.add_argument('--key', default='teacher',
+                        help="checkpoint entry with the weights (default 'teacher'; falls back "
+                        'to a plain state dict when the entry is absent)')
+    parser.add_argument('--allow-missing', action='store_true',
+                        help='write the file even if keys are missing or mis-shaped')
+    args = parser.parse_args(argv)
+
+    from mmdinomamba.models.backbones import DinoVim, MambaReg
+    from mmdinomamba.models.utils import (build_on_meta, compare_keys, format_key_report,
+                                          select_state_dict)
+    # DINO checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
+    ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
+    key = args.key if args.key in ckpt else None
+    if key is None:
+        if not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            print(f'checkpoint has no {args.key!r} entry and is not a plain state dict; '
+                  f'entries: {sorted(ckpt)[:20]}', file=sys.stderr)
+            return 1
+        print(f'no {args.key!r} entry: using the checkpoint as a plain state dict')
+    converted, dropped, kind = convert_dinomamba(select_state_dict(ckpt, key))
+    cfg = infer_vim_cfg(converted, kind, args.arch)
+    cls = {'DinoVim': DinoVim, 'MambaReg': MambaReg}[kind]
+    model = build_on_meta(lambda: cls(**{k: v for k, v in cfg.items() if k != 'type'}))
+    report = compare_keys(model, converted)
+    print(format_key_report(report, dropped))
+    if (report['missing'] or report['shape_mismatch']) and not args.allow_missing:
+        print('not written: fix the keys above or pass --allow-missing', file=sys.stderr)
+        return 1
+    meta = dict(source=args.src, converter='dinomamba2mmdm', key=key, model_cfg=cfg)
+    torch.save(dict(state_dict=converted, meta=meta), args.dst)
+    print(f'wrote {len(converted)} tensors to {args.dst}; model: {cfg}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
