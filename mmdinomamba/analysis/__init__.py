@@ -1,0 +1,9 @@
+"""Analysis: CLS-to-patch feature maps, PCA, off-diagonal rank of M, plots.
+
+``plots`` (matplotlib) is not imported here; use ``from mmdinomamba.analysis import plots``.
+"""
+from .featmaps import FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens
+from .pca import pca_rgb, principal_components
+
+__all__ = ['FeatMaps', 'compute_featmaps', 'cosine_maps', 'mixing_maps', 'query_tokens',
+           'pca_rgb', 'principal_components']

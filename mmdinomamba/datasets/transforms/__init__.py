@@ -1,0 +1,2 @@
+"""datasets/transforms."""
+from .mask import LoadFgMask, decode_fg_mask  # noqa: F401

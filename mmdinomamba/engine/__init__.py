@@ -1,0 +1,2 @@
+"""Engine: hooks."""
+from . import hooks  # noqa: F401

@@ -1,0 +1,2 @@
+"""engine/hooks."""
+from .binary_auc_hook import BinaryAUCHook  # noqa: F401

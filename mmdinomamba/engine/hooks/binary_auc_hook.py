@@ -1,0 +1,142 @@
+"""Evaluate Binary-AUC of the (teacher) backbone during pretraining.
+
+Every ``interval`` epochs (or iterations with ``by_epoch=False``) and after the last epoch, the
+hook runs the backbone on a held-out loader with foreground masks, computes CLS-to-patch maps
+(:func:`~mmdinomamba.analysis.featmaps.compute_featmaps`) and their Binary-AUC
+(:class:`~mmdinomamba.evaluation.BinaryAUC`), logs the values (logger, ``runner.message_hub``
+scalars ``binary_auc/*``, ``runner.visualizer.add_scalars`` so every vis backend — local JSON,
+TensorBoard when configured — receives them) and writes a few example map figures as PNGs into
+``<log_dir>/binary_auc/`` and through ``runner.visualizer.add_image`` (main process only).
+"""
+import os.path as osp
+from operator import attrgetter
+from typing import Optional, Sequence, Union
+
+import torch
+from mmengine.dist import is_main_process
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmpretrain.registry import HOOKS, MODELS
+
+from mmdinomamba.analysis.featmaps import compute_featmaps
+from mmdinomamba.evaluation.binary_auc import BinaryAUC
+
+BACKBONE_PATHS = ('teacher.backbone', 'teacher.module.backbone', 'backbone')
+
+
+def find_backbone(model, paths: Sequence[str] = BACKBONE_PATHS):
+    """The first of ``paths`` that exists on the (unwrapped) model: teacher before student."""
+    if is_model_wrapper(model):
+        model = model.module
+    for path in paths:
+        try:
+            return attrgetter(path)(model)
+        except AttributeError:
+            continue
+    raise AttributeError(f'BinaryAUCHook: model {type(model).__name__} has none of {paths}')
+
+
+@HOOKS.register_module()
+class BinaryAUCHook(Hook):
+    """Binary-AUC of the teacher backbone on a held-out loader during training.
+
+    Args:
+        dataloader (dict | DataLoader): loader whose samples carry ``gt_seg_map`` (pipeline with
+            ``LoadFgMask`` and ``PackInputs(algorithm_keys=['gt_seg_map'])``).
+        interval (int): evaluate every ``interval`` epochs (iterations if not ``by_epoch``).
+            Defaults to 1.
+        by_epoch (bool): epoch- or iteration-based interval. Defaults to True.
+        map_type, layers, query, cosine_heads, head_reduce: see ``compute_featmaps``.
+        num_thresholds (int, optional): None = exact AUC. Defaults to None.
+        mask_resize (str): 'area' or 'nearest'. Defaults to 'area'.
+        data_preprocessor (dict, optional): defaults to ImageNet ``ClsDataPreprocessor``.
+        num_examples (int): example figures saved per evaluation. Defaults to 2.
+        prefix (str): metric key prefix. Defaults to 'binary_auc'.
+    """
+    priority = 'LOW'
+
+    def __init__(self, dataloader, interval: int = 1, by_epoch: bool = True,
+                 map_type: str = 'mixing', layers: Optional[Union[int, Sequence[int]]] = (-1, ),
+                 query: str = 'auto', cosine_heads: int = 1, head_reduce: Optional[str] = None,
+                 num_thresholds: Optional[int] = None, mask_resize: str = 'area',
+                 data_preprocessor: Optional[dict] = None, num_examples: int = 2,
+                 prefix: str = 'binary_auc'):
+        if interval < 1:
+            raise ValueError(f'BinaryAUCHook: interval must be >= 1, got {interval}')
+        self._loader = dataloader
+        self.interval, self.by_epoch = interval, by_epoch
+        self.featmap_cfg = dict(map_type=map_type, layers=layers, query=query,
+                                cosine_heads=cosine_heads, head_reduce=head_reduce)
+        self.metric_cfg = dict(num_thresholds=num_thresholds, mask_resize=mask_resize,
+                               prefix=prefix)
+        from mmdinomamba.models.classifiers.featmap_evaluator import IMAGENET_PREPROCESSOR
+        self.preprocessor = MODELS.build(data_preprocessor or dict(IMAGENET_PREPROCESSOR))
+        self.num_examples = num_examples
+        self.last_metrics = None
+
+    def after_train_epoch(self, runner) -> None:
+        if self.by_epoch and (self.every_n_epochs(runner, self.interval)
+                              or self.is_last_train_epoch(runner)):
+            self.evaluate(runner, step=runner.epoch + 1)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if not self.by_epoch and (self.every_n_train_iters(runner, self.interval)
+                                  or self.is_last_train_iter(runner)):
+            self.evaluate(runner, step=runner.iter + 1)
+
+    def _dataloader(self, runner):
+        if isinstance(self._loader, dict):
+            self._loader = runner.build_dataloader(self._loader, seed=runner.seed)
+        return self._loader
+
+    @torch.no_grad()
+    def evaluate(self, runner, step: int) -> dict:
+        """Run the evaluation now; returns and logs the metrics."""
+        backbone = find_backbone(runner.model)
+        was_training = backbone.training
+        backbone.eval()
+        device = next(backbone.parameters()).device
+        preprocessor = self.preprocessor.to(device)
+        metric = BinaryAUC(**self.metric_cfg)
+        examples = []
+        try:
+            for data in self._dataloader(runner):
+                data = preprocessor(data, False)
+                fm = compute_featmaps(backbone, data['inputs'], **self.featmap_cfg)
+                for sample, maps in zip(data['data_samples'], fm.maps):
+                    sample.set_field(maps.float().cpu(), 'pred_featmap')
+                    sample.set_metainfo(dict(featmap_layers=fm.layers))
+                start = len(metric.results)
+                metric.process(data, data['data_samples'])
+                for i in range(min(self.num_examples - len(examples), len(fm.maps))):
+                    examples.append((data['inputs'][i].cpu(), fm.maps[i].cpu(),
+                                     metric.results[start + i]['auc'], fm))
+            metrics = metric.evaluate(len(self._loader.dataset))
+        finally:
+            backbone.train(was_training)
+        self._log(runner, metrics, step)
+        self._save_examples(runner, examples, step)
+        self.last_metrics = metrics
+        return metrics
+
+    def _log(self, runner, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            runner.message_hub.update_scalar(key, value)
+        runner.visualizer.add_scalars(metrics, step=step)
+        main = {k: round(v, 2) for k, v in metrics.items()
+                if k.rsplit('/', 1)[-1] in ('auc', 'auc_norm', 'skipped', 'num_images')}
+        unit = 'epoch' if self.by_epoch else 'iter'
+        runner.logger.info(f'Binary-AUC of the teacher backbone at {unit} {step} '
+                           f'({self.featmap_cfg["map_type"]} maps, %): {main}')
+
+    def _save_examples(self, runner, examples, step: int) -> None:
+        if not examples or not is_main_process():
+            return
+        from mmdinomamba.analysis import plots
+        for i, (img, maps, auc, fm) in enumerate(examples):
+            out = osp.join(runner.log_dir, 'binary_auc', f'step{step}_img{i}.png')
+            img = plots.preprocessor_image(img, self.preprocessor)
+            arr = plots.plot_featmap_grid(img, maps, fm.layers,
+                                          fm.query_index, out_file=out, aucs=auc,
+                                          title=f'{fm.map_type} maps, step {step}')
+            runner.visualizer.add_image(f'binary_auc_img{i}', arr, step=step)

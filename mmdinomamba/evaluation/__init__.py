@@ -1,0 +1,6 @@
+"""Evaluation: the Binary-AUC metric and its functional core."""
+from .auc import exact_auc, minmax_normalize, normalize_auc, resize_mask, roc_curve, sweep_auc
+from .binary_auc import BinaryAUC
+
+__all__ = ['BinaryAUC', 'exact_auc', 'sweep_auc', 'normalize_auc', 'roc_curve',
+           'minmax_normalize', 'resize_mask']

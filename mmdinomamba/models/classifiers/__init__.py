@@ -1,0 +1,2 @@
+"""models/classifiers."""
+from .featmap_evaluator import FeatMapEvaluator  # noqa: F401

@@ -1,0 +1,113 @@
+"""A model that turns a backbone into CLS-to-patch feature maps for the Binary-AUC evaluator.
+
+``python tools/test.py configs/analysis/<config> --checkpoint CKPT`` runs
+``FeatMapEvaluator.test_step``: the data preprocessor normalizes the images, the backbone's
+``forward_layers`` gives tokens and mixing matrices, and every data sample receives
+``pred_featmap`` (num_layers, heads, R, h, w) maps min-max normalized to [0, 1] plus the metainfo
+``featmap_layers`` / ``featmap_type`` / ``query_index``, read by the ``BinaryAUC`` metric.
+
+Checkpoints: a DINO checkpoint holds ``backbone.*`` (student) and ``teacher.backbone.*``
+(teacher); a converted one holds the backbone keys, bare or under ``backbone.``. A load hook maps
+the first prefix of ``ckpt_prefixes`` found in the state dict onto ``backbone.`` (teacher first by
+default, as DINO evaluates the teacher), and bare backbone keys onto ``backbone.``.
+A backbone ``init_cfg`` (e.g. ``dict(type='Pretrained', checkpoint=..., prefix=...)``) is applied
+at construction, since ``Runner.test()`` does not initialize weights.
+"""
+from typing import List, Optional, Sequence, Union
+
+import torch
+from mmengine.model import BaseModel
+from mmpretrain.registry import MODELS
+from mmpretrain.structures import DataSample
+
+from mmdinomamba.analysis.featmaps import compute_featmaps
+
+IMAGENET_PREPROCESSOR = dict(type='ClsDataPreprocessor', mean=[123.675, 116.28, 103.53],
+                             std=[58.395, 57.12, 57.375], to_rgb=True)
+DEFAULT_PREFIXES = ('teacher.backbone.', 'teacher.module.backbone.', 'backbone.')
+
+
+@MODELS.register_module()
+class FeatMapEvaluator(BaseModel):
+    """Backbone + feature-map extraction, for evaluation only.
+
+    Args:
+        backbone (dict): backbone config (``ViT``, ``LinearViT``, ``DinoVim``, ``MambaReg``, ...).
+        map_type (str): 'mixing' (query row of the mixing matrix) or 'cosine' (cosine similarity
+            of the query feature to patch features). Defaults to 'mixing'.
+        layers (Sequence[int] | None): layers to map (negative allowed, None = all).
+            Defaults to (-1,).
+        query (str): 'auto', 'cls' or 'registers'. Defaults to 'auto'.
+        cosine_heads (int): channel chunks for 'cosine'. Defaults to 1.
+        head_reduce (str | None): None (one map per head) or 'mean'. Defaults to None.
+        ckpt_prefixes (Sequence[str]): state-dict prefixes mapped onto ``backbone.``, in order of
+            preference. Defaults to teacher, EMA teacher, student.
+        data_preprocessor (dict, optional): defaults to ImageNet ``ClsDataPreprocessor``.
+        init_cfg (dict, optional): initialization config. Defaults to None.
+    """
+
+    def __init__(self, backbone: dict, map_type: str = 'mixing',
+                 layers: Optional[Union[int, Sequence[int]]] = (-1, ), query: str = 'auto',
+                 cosine_heads: int = 1, head_reduce: Optional[str] = None,
+                 ckpt_prefixes: Sequence[str] = DEFAULT_PREFIXES,
+                 data_preprocessor: Optional[dict] = None, init_cfg: Optional[dict] = None):
+        if data_preprocessor is None:
+            data_preprocessor = dict(IMAGENET_PREPROCESSOR)
+        if isinstance(data_preprocessor, dict):
+            data_preprocessor.setdefault('type', 'ClsDataPreprocessor')
+            data_preprocessor = MODELS.build(data_preprocessor)
+        super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        self.backbone = MODELS.build(backbone)
+        if backbone.get('init_cfg'):  # Runner.test() never calls init_weights
+            self.backbone.init_weights()
+        self.featmap_cfg = dict(layers=layers, map_type=map_type, query=query,
+                                cosine_heads=cosine_heads, head_reduce=head_reduce)
+        self.ckpt_prefixes = tuple(ckpt_prefixes)
+        self.register_load_state_dict_pre_hook(FeatMapEvaluator._remap_checkpoint_keys)
+
+    def _remap_checkpoint_keys(self, state_dict, prefix, *args) -> None:
+        """Load pre-hook: move the preferred backbone weights to ``backbone.``."""
+        keys = [k for k in state_dict if k.startswith(prefix)]
+        target = prefix + 'backbone.'
+        for src in self.ckpt_prefixes:
+            src = prefix + src
+            if src == target or not any(k.startswith(src) for k in keys):
+                continue
+            for k in keys:  # the chosen weights replace any other copy
+                if k.startswith(target):
+                    del state_dict[k]
+            for k in keys:
+                if k.startswith(src):
+                    state_dict[target + k[len(src):]] = state_dict.pop(k)
+            return
+        if any(k.startswith(target) for k in keys):
+            return
+        own = set(self.backbone.state_dict())
+        if own & {k[len(prefix):] for k in keys}:
+            for k in keys:
+                if k[len(prefix):] in own:
+                    state_dict[target + k[len(prefix):]] = state_dict.pop(k)
+
+    def forward(self, inputs: torch.Tensor, data_samples: Optional[List[DataSample]] = None,
+                mode: str = 'predict'):
+        """Compute maps.
+
+        Args:
+            inputs (Tensor): (B, 3, H, W) preprocessed images.
+            data_samples (list[DataSample], optional): samples to fill. Defaults to None.
+            mode (str): 'predict' (fill data samples) or 'tensor' (return the maps
+                (B, num_layers, heads, R, h, w)). Defaults to 'predict'.
+        """
+        if mode not in ('predict', 'tensor'):
+            raise RuntimeError(f"FeatMapEvaluator supports mode 'predict' or 'tensor', got "
+                               f'{mode!r} (it is an evaluation-only model)')
+        fm = compute_featmaps(self.backbone, inputs, **self.featmap_cfg)
+        if mode == 'tensor':
+            return fm.maps
+        if data_samples is None:
+            data_samples = [DataSample() for _ in range(inputs.shape[0])]
+        for sample, maps in zip(data_samples, fm.maps):
+            sample.set_field(maps.detach().float().cpu(), 'pred_featmap')
+            sample.set_metainfo(dict(featmap_layers=fm.layers, featmap_type=fm.map_type,
+                                     query_index=fm.query_index))
+        return data_samples
