@@ -163,6 +163,11 @@ class _ChunkedSSD(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         from .ssd_chunked_bwd import bwd_block
+        with torch.autocast(device_type=dy.device.type, enabled=False):
+            return _ChunkedSSD._backward(ctx, dy, bwd_block)
+
+    @staticmethod
+    def _backward(ctx, dy, bwd_block):
         x, dt, A, B, C, D = ctx.saved_tensors
         dy = dy.contiguous()
         grads = dict(
@@ -218,4 +223,8 @@ def ssd_scan_chunked(x: Tensor,
     x, dt, A, B, C = (t.to(dtype).contiguous() for t in (x, dt, A, B, C))
     D = None if D is None else D.to(dtype)
     Q = max(1, min(chunk_size, x.shape[1]))
-    return _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks).to(out_dtype)
+    # Under autocast the matmuls inside the Function would silently run in bf16/fp16 (and save
+    # low-precision chunk states for backward): the scan computes in ``dtype`` only.
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        out = _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks)
+    return out.to(out_dtype)

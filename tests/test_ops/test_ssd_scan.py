@@ -135,6 +135,22 @@ def test_half_precision_and_strided_inputs():
     torch.testing.assert_close(ssd_scan(x_strided, dt, A, B, C, D, backend='torch'), want)
 
 
+def test_autocast_does_not_lower_scan_precision():
+    """Under bf16 autocast the portable scan still computes (and saves states) in float32:
+    outputs and gradients equal the run without autocast; a bf16 backward used to crash."""
+    args = make_inputs(150, groups=2, seed=11)
+    plain, auto = _with_grads(args, torch.float32), _with_grads(args, torch.float32)
+    want = ssd_scan(*plain, backend='torch')
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        got = ssd_scan(*auto, backend='torch')
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    gy = torch.randn_like(want)
+    want.backward(gy)
+    got.backward(gy)
+    for a, b in zip(auto, plain):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
 def test_no_grad_forward_and_strong_decay_are_finite():
     x, dt, A, B, C, D = make_inputs(300, seed=9)
     with torch.no_grad():
