@@ -31,8 +31,12 @@ ARCHS = {
     'dinovim-s': dict(type='DinoVim', arch='s'),
     'dinovim-b': dict(type='DinoVim', arch='b'),
     'mambareg-b': dict(type='MambaReg', arch='b'),
+    'mila-t': dict(type='MILA', arch='t'),
+    'mila-s': dict(type='MILA', arch='s'),
+    'mila-b': dict(type='MILA', arch='b'),
 }
-MODES = ('fwd', 'fwd+bwd')
+# fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step.
+MODES = ('fwd', 'fwd+bwd', 'train')
 
 
 def reference_of(name: str) -> str:
@@ -51,7 +55,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _step(model, x, mode: str, amp: bool) -> None:
+def _step(model, x, mode: str, amp: bool, optim=None) -> None:
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
         if mode == 'fwd':
             with torch.no_grad():
@@ -59,6 +63,8 @@ def _step(model, x, mode: str, amp: bool) -> None:
             return
         out = model(x)
     sum(o.float().sum() for o in out).backward()
+    if optim is not None:
+        optim.step()
     model.zero_grad(set_to_none=True)
 
 
@@ -73,6 +79,9 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
     model = _build(name, device)
     model.train(mode != 'fwd')
+    if os.environ.get('MMDM_BENCH_COMPILE') == '1':  # torch.compile the glue around the kernels
+        model = torch.compile(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6) if mode == 'train' else None
     x = torch.randn(batch, 3, res, res, device=device)
     _sync(device)
     if device.startswith('cuda'):
@@ -81,31 +90,43 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
     else:
         base = _current_rss_kib()
     for _ in range(warmup):
-        _step(model, x, mode, amp)
+        _step(model, x, mode, amp, optim)
     _sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        _step(model, x, mode, amp)
-    _sync(device)
-    elapsed = time.perf_counter() - start
+    times = []
+    for _ in range(iters):  # median of per-step times: robust to one slow step
+        start = time.perf_counter()
+        _step(model, x, mode, amp, optim)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    elapsed = iters * sorted(times)[len(times) // 2]
     if device.startswith('cuda'):
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:  # ru_maxrss is in KiB on Linux
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    return dict(imgs=batch * iters / elapsed, mem=peak, params=params)
+    return dict(imgs=batch * iters / elapsed, mem=peak, params=params, batch=batch)
+
+
+def _batch_for(args, res: int) -> int:
+    if len(args.batch) == 1:
+        return args.batch[0]
+    if len(args.batch) != len(args.res):
+        raise SystemExit(f'--batch: give one value or one per --res ({len(args.res)}), '
+                         f'got {args.batch}')
+    return args.batch[args.res.index(res)]
 
 
 def _run_case(args, name: str, res: int, mode: str) -> dict:
     """Measure one case: in-process on CUDA, in a fresh process on CPU (own peak RSS)."""
+    batch = _batch_for(args, res)
     if args.device.startswith('cuda'):
         try:
-            return measure(name, res, mode, args.batch, args.device, args.iters, args.warmup,
+            return measure(name, res, mode, batch, args.device, args.iters, args.warmup,
                            args.amp)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
-            return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'))
-    cmd = [sys.executable, __file__, '--one', name, str(res), mode, '--batch', str(args.batch),
+            return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'), batch=batch)
+    cmd = [sys.executable, __file__, '--one', name, str(res), mode, '--batch', str(batch),
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -122,7 +143,11 @@ def run(args) -> list[dict]:
     rows = []
     for res in args.res:
         for mode in args.modes:
-            results = {n: _run_case(args, n, res, mode) for n in names}  # nan = out of memory
+            results = {}
+            for n in names:  # nan = out of memory
+                results[n] = _run_case(args, n, res, mode)
+                print(f'[{n} {res}px {mode}] {json.dumps(results[n])}',
+                      file=sys.stderr, flush=True)
             for n in names:
                 r, ref = results[n], results[reference_of(n)]
                 rows.append(dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n),
@@ -132,11 +157,11 @@ def run(args) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f'{"arch":<12}{"res":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}{"peak MiB":>11}'
+    head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}{"peak MiB":>11}'
             f'{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
     lines = [head, '-' * len(head)]
     for r in rows:
-        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["mode"]:>9}{r["params"]:>11.2f}'
+        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}{r["params"]:>11.2f}'
                      f'{r["imgs"]:>10.2f}{r["mem"]:>11.1f}{r["ref"]:>8}'
                      f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
     return '\n'.join(lines)
@@ -147,7 +172,9 @@ def parse_args(argv=None):
     parser.add_argument('--archs', nargs='+', default=list(ARCHS), choices=list(ARCHS))
     parser.add_argument('--res', nargs='+', type=int, default=[224, 512, 1024])
     parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
-    parser.add_argument('--batch', type=int, default=8)
+    parser.add_argument('--batch', type=int, nargs='+', default=[8],
+                        help='batch size, or one per --res value (e.g. --res 224 512 1024 '
+                        '--batch 64 16 4)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--iters', type=int, default=10)
     parser.add_argument('--warmup', type=int, default=2)
@@ -161,7 +188,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.one:
         name, res, mode = args.one
-        print(json.dumps(measure(name, int(res), mode, args.batch, args.device, args.iters,
+        print(json.dumps(measure(name, int(res), mode, args.batch[0], args.device, args.iters,
                                  args.warmup, args.amp)))
         return
     rows = run(args)
