@@ -37,13 +37,18 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# pip warns once per index location that this machine's pip.conf lists but that does not exist;
+# drop only that line so real warnings stay visible.
+pip_run() {
+  "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
 PYV=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 
 log "step 1/5: torch==$TORCH torchvision==$TORCHVISION"
-"${PIP[@]}" install -q "torch==$TORCH" "torchvision==$TORCHVISION"
+pip_run install -q "torch==$TORCH" "torchvision==$TORCHVISION"
 
 log "step 2/5: mmengine, build tools"
-"${PIP[@]}" install -q onedl-mmengine==0.10.12 ninja wheel "setuptools<81"
+pip_run install -q onedl-mmengine==0.10.12 ninja wheel "setuptools<81"
 
 # mmcv: compiled ops are needed by mmdet (RoIAlign, NMS). Pitfalls handled here:
 #  - build isolation silently drops the ops -> --no-build-isolation after torch is installed;
@@ -63,7 +68,7 @@ WRAP
     chmod +x "$tmp/cxx20"
     mkdir -p "$tmp/out"
     MAX_JOBS=${MAX_JOBS:-2} CXX="$tmp/cxx20" MMCV_WITH_OPS=1 FORCE_CUDA=0 \
-      "${PIP[@]}" wheel -q --no-build-isolation --no-deps --no-cache-dir \
+      pip_run wheel -q --no-build-isolation --no-deps --no-cache-dir \
       -w "$tmp/out" "onedl-mmcv==$MMCV"
     mkdir -p "$wheel_dir"
     mv "$tmp/out"/*.whl "$wheel_dir/"
@@ -71,7 +76,7 @@ WRAP
   else
     log "step 3/5: re-using cached mmcv wheel from $wheel_dir"
   fi
-  "${PIP[@]}" install -q "$wheel_dir"/*.whl
+  pip_run install -q "$wheel_dir"/*.whl
   "$VENV/bin/python" -c 'from mmcv.ops import nms, RoIAlign' \
     || { echo "mmcv was installed without its compiled ops: remove $wheel_dir and re-run" >&2; exit 1; }
 else
@@ -79,22 +84,22 @@ else
 fi
 
 log "step 4/5: mmpretrain, mmsegmentation, mmdetection, runtime and test requirements"
-"${PIP[@]}" install -q -r requirements/mminstall.txt -r requirements/runtime.txt -r requirements/tests.txt
+pip_run install -q -r requirements/mminstall.txt -r requirements/runtime.txt -r requirements/tests.txt
 # transformers 5.x breaks mmpretrain.models; only constrain it if something pulled it in.
 if "$VENV/bin/python" -c 'import transformers' 2>/dev/null; then
-  "${PIP[@]}" install -q "transformers<5"
+  pip_run install -q "transformers<5"
 fi
 
 if [[ $WITH_CUDA == 1 ]]; then
   log "step 5/5: mamba-ssm (pure Python, no CUDA build, no deps)"
   MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
-    "${PIP[@]}" install -q --no-build-isolation --no-deps mamba-ssm==2.3.2.post1
+    pip_run install -q --no-build-isolation --no-deps mamba-ssm==2.3.2.post1
 else
   log "step 5/5: skipped (mamba-ssm only with --cuda)"
 fi
 
 log "installing mmdinomamba in editable mode"
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+pip_run install -q --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c 'import mmdinomamba, mmpretrain.models, mmseg.models, mmdet.models; print("mmdinomamba", mmdinomamba.__version__, "ready")'
 rm -f "$VENV"/.mmdm-setup-*
 touch "$stamp"
