@@ -152,22 +152,28 @@ class EmbeddedShapes(CustomDataset):
         split (str): ``'train'`` or ``'val'``. Defaults to ``'train'``.
         with_mask (bool): add ``fg_mask_path`` (binary foreground PNG) to every data info.
             Defaults to False.
-        generate (bool): generate the data if missing or made with other parameters. With False
-            a missing folder raises ``FileNotFoundError``. Defaults to True.
+        generate (bool): generate the data if missing (or, when generator parameters are
+            given, made with other ones). With False a missing folder raises
+            ``FileNotFoundError``. Defaults to True.
         num_train, num_val, img_size, seed: generator parameters (see
-            :func:`generate_embedded_dataset`).
+            :func:`generate_embedded_dataset`). None (default) accepts an existing data set as
+            it is and generates a missing one with the package defaults; a given value that
+            differs from the existing data set's regenerates it.
         **kwargs: passed to :class:`mmpretrain.datasets.CustomDataset` (``pipeline``, ...).
     """
 
     def __init__(self, data_root: str = 'data/embedded', split: str = 'train',
                  with_mask: bool = False, generate: bool = True,
-                 num_train: int = DEFAULTS['num_train'], num_val: int = DEFAULTS['num_val'],
-                 img_size: int = DEFAULTS['img_size'], seed: int = DEFAULTS['seed'], **kwargs):
+                 num_train: Optional[int] = None, num_val: Optional[int] = None,
+                 img_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         if split not in ('train', 'val'):
             raise ValueError(f"EmbeddedShapes: split must be 'train' or 'val', got {split!r}")
-        if generate:
-            generate_embedded_dataset(data_root, num_train, num_val, img_size, seed)
-        elif _read_meta(data_root) is None:
+        params = dict(num_train=num_train, num_val=num_val, img_size=img_size, seed=seed)
+        existing = _read_meta(data_root)
+        if generate and (existing is None or any(v is not None for v in params.values())):
+            params = {k: DEFAULTS[k] if v is None else v for k, v in params.items()}
+            generate_embedded_dataset(data_root, **params)
+        elif existing is None:
             raise FileNotFoundError(
                 f'EmbeddedShapes: no embedded data set at data_root={data_root!r} (meta.json '
                 'missing); create it with `python tools/misc/make_embedded_data.py` or set '

@@ -21,7 +21,7 @@ def _flat_keys(cfg, prefix=''):
 
 
 def _has_path(cfg, dotted: str) -> bool:
-    node = cfg
+    node = cfg._cfg_dict if isinstance(cfg, Config) else cfg  # a Config is not a dict
     for part in dotted.split('.'):
         if isinstance(node, (dict, ConfigDict)) and part in node:
             node = node[part]

@@ -1,2 +1,3 @@
 """engine/hooks."""
 from .binary_auc_hook import BinaryAUCHook  # noqa: F401
+from .epoch_seed_hook import EpochSeedHook  # noqa: F401
