@@ -3,6 +3,7 @@
 Nothing here imports Triton, ``mamba_ssm`` or ``causal_conv1d`` at import time; optional
 CUDA kernels are looked up on first use with CUDA tensors (``_triton.py``).
 """
+from ._triton import portable_ops
 from .conv import causal_conv1d
 from .norm import gated_rms_norm
 from .ssd import PORTABLE_CHUNK_SIZE, SSD_BACKENDS, ssd_scan
@@ -11,5 +12,5 @@ from .ssd_ref import ssd_mixing_matrix, ssd_scan_ref
 
 __all__ = [
     'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'gated_rms_norm',
-    'causal_conv1d', 'SSD_BACKENDS', 'PORTABLE_CHUNK_SIZE'
+    'causal_conv1d', 'portable_ops', 'SSD_BACKENDS', 'PORTABLE_CHUNK_SIZE'
 ]

@@ -19,16 +19,34 @@ created when the real package cannot be imported at all, so it hides nothing tha
 Any failure (no CUDA, no Triton, no ``mamba_ssm``, an import error inside the kernels) is
 logged once and the caller falls back to the portable PyTorch implementation.
 """
+import contextlib
 import importlib
 import importlib.util
 import sys
 import types
-from typing import Callable
+from typing import Callable, Iterator
 
 _SSD_MODULE = 'mamba_ssm.ops.triton.ssd_combined'
 _NORM_MODULE = 'mamba_ssm.ops.triton.layernorm_gated'
 _cache: dict = {}
 _logged: set = set()
+_portable_depth = 0  # > 0 inside ``portable_ops()``: every optional kernel reports None
+
+
+@contextlib.contextmanager
+def portable_ops() -> Iterator[None]:
+    """Run the portable PyTorch path even for CUDA tensors (the specification), e.g. to compare
+    the fast path with it on a GPU::
+
+        with portable_ops():
+            y_ref = model(x)
+    """
+    global _portable_depth
+    _portable_depth += 1
+    try:
+        yield
+    finally:
+        _portable_depth -= 1
 
 
 def log_once(key: str, msg: str) -> None:
@@ -64,6 +82,8 @@ def _import_mamba_module(name: str) -> types.ModuleType:
 
 def _lookup(key: str, module: str, attr: str, what: str) -> Callable | None:
     """Find ``module.attr`` once (cached); log which implementation is used."""
+    if _portable_depth:
+        return None
     if key not in _cache:
         try:
             if module.startswith('mamba_ssm'):

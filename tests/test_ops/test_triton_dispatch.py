@@ -101,3 +101,17 @@ def test_kernel_failure_at_run_time_degrades(fresh_kernel_cache, monkeypatch):
     ]
     torch.testing.assert_close(ssd_scan(*args), ssd_scan(*args, backend='torch'))
     assert 'triton-run' in _triton._logged and _triton._cache['scan'] is None
+
+
+def test_portable_ops_context_hides_every_kernel(monkeypatch):
+    from mmdinomamba.ops import _triton, portable_ops
+    sentinel = object()
+    monkeypatch.setitem(_triton._cache, 'scan', sentinel)
+    monkeypatch.setitem(_triton._cache, 'norm', sentinel)
+    monkeypatch.setitem(_triton._cache, 'conv', sentinel)
+    assert _triton.chunk_scan_fn() is sentinel
+    with portable_ops():
+        with portable_ops():  # nests
+            assert _triton.chunk_scan_fn() is None
+        assert _triton.rmsnorm_fn() is None and _triton.causal_conv1d_fn() is None
+    assert _triton.rmsnorm_fn() is sentinel
