@@ -39,5 +39,16 @@ def test_dinovim_t_fast_path_matches_portable(hw):
     assert torch.isfinite(y_fast).all()
     e_fast, e_pt = _rel(y_fast, y64), _rel(y_pt, y64)
     assert e_fast <= 2 * e_pt + 1e-3, (e_fast, e_pt)
-    worst = max(_rel(g_fast[n], g64[n]) - 2 * _rel(g_pt[n], g64[n]) for n in g64)
-    assert worst <= 1e-3, worst
+    # All gradients as one vector; per parameter only where bf16 is well conditioned (a random
+    # 24-layer model in bf16 has parameters, e.g. some A_log/dt_bias, whose gradients are
+    # O(1)-wrong on BOTH paths: comparing two noise levels would test nothing).
+    names = sorted(g64)
+    flat = {k: torch.cat([g[n].flatten() for n in names]) for k, g in
+            (('fast', g_fast), ('pt', g_pt), ('64', g64))}
+    ge_fast, ge_pt = _rel(flat['fast'], flat['64']), _rel(flat['pt'], flat['64'])
+    print(f'output: fast {e_fast:.2e} portable {e_pt:.2e}; all grads: fast {ge_fast:.2e} '
+          f'portable {ge_pt:.2e}')
+    assert ge_fast <= 2 * ge_pt + 1e-3, (ge_fast, ge_pt)
+    errs = [(n, _rel(g_fast[n], g64[n]), _rel(g_pt[n], g64[n])) for n in names]
+    bad = [(n, a, b) for n, a, b in errs if b < 0.05 and a > 2 * b + 1e-3]
+    assert not bad, bad[:5]
