@@ -1,2 +1,3 @@
 """datasets/transforms."""
 from .mask import LoadFgMask, decode_fg_mask  # noqa: F401
+from .dino import DINOMultiCrop  # noqa: F401

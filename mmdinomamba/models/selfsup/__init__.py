@@ -1,1 +1,2 @@
 """models/selfsup."""
+from .dino import DINO  # noqa: F401

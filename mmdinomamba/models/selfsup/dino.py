@@ -1,0 +1,193 @@
+"""DINO: self-distillation with no labels (Caron et al., ICCV 2021, arXiv:2104.14294).
+
+The student (``backbone`` + ``head``) is trained to match, on every crop, the centered and
+sharpened output of an EMA teacher (``teacher.backbone`` + ``teacher.head``) on the global crops.
+All schedules (teacher temperature, teacher momentum, last-layer freeze) are pure functions of
+the training progress that :class:`~mmdinomamba.engine.hooks.DINOTeacherHook` passes to
+:meth:`DINO.set_progress` before every iteration; the same hook calls :meth:`DINO.update_teacher`
+after the optimizer step. Teacher weights and the loss center are in the state dict, so
+mmengine's ``--resume`` restores them.
+"""
+import copy
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+from mmpretrain.models.selfsup.base import BaseSelfSupervisor
+from mmpretrain.registry import MODELS
+from torch import Tensor, nn
+
+from .dino_schedules import last_layer_frozen_at, teacher_momentum_at, teacher_temp_at
+
+__all__ = ['DINO']
+
+
+class Progress(NamedTuple):
+    """Where training is: 0-based ``iteration``, ``max_iters`` and iterations per epoch."""
+    iteration: int
+    max_iters: int
+    epoch_len: int
+
+
+@MODELS.register_module()
+class DINO(BaseSelfSupervisor):
+    """DINO with an EMA teacher, multi-crop inputs and explicit schedules.
+
+    Inputs (``mode='loss'``): a list of ``V`` view batches ``(B, 3, H_v, W_v)`` from
+    :class:`~mmdinomamba.datasets.transforms.DINOMultiCrop`, the ``num_global_views`` global
+    views first. Consecutive views of the same resolution go through the backbone as one batch;
+    the teacher sees only the global views.
+
+    Args:
+        backbone (dict): backbone config; its output ``[-1]`` must be a (B, C) feature
+            (``out_type`` 'cls_token' or 'avg_featmap').
+        head (dict): projection head config (:class:`~mmdinomamba.models.heads.DINOHead`).
+        loss (dict, optional): loss config; defaults to
+            ``dict(type='DINOLoss', out_channels=head.out_channels)``.
+        teacher_temp (float): teacher temperature after warm-up. Defaults to 0.04.
+        warmup_teacher_temp (float): teacher temperature at epoch 0. Defaults to 0.04.
+        warmup_teacher_temp_epochs (int): epochs of linear temperature warm-up (DINO indexes the
+            temperature by epoch). Defaults to 0.
+        momentum_teacher (float): teacher EMA momentum at iteration 0. Defaults to 0.996.
+        final_momentum_teacher (float): momentum reached at the last iteration (cosine).
+            Defaults to 1.0.
+        freeze_last_layer (float): epochs during which the student head's last layer gets no
+            gradient (DINO's ``freeze_last_layer``). Defaults to 1.
+        num_global_views (int): global views (teacher inputs). Defaults to 2.
+        data_preprocessor (dict, optional): Defaults to ``SelfSupDataPreprocessor``.
+        init_cfg (dict, optional): init config of the whole model. When it is set (e.g. a DINO
+            checkpoint), the teacher is NOT reset to the student in :meth:`init_weights`.
+    """
+
+    def __init__(self, backbone: dict, head: dict, loss: Optional[dict] = None,
+                 teacher_temp: float = 0.04, warmup_teacher_temp: float = 0.04,
+                 warmup_teacher_temp_epochs: int = 0, momentum_teacher: float = 0.996,
+                 final_momentum_teacher: float = 1.0, freeze_last_layer: float = 1,
+                 num_global_views: int = 2, data_preprocessor: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(backbone=backbone, head=head, data_preprocessor=data_preprocessor,
+                         init_cfg=init_cfg)
+        out_type = getattr(self.backbone, 'out_type', 'cls_token')
+        if out_type not in ('cls_token', 'avg_featmap'):
+            raise ValueError(f"DINO: backbone out_type={out_type!r} does not give a (B, C) "
+                             "feature; use 'cls_token' or 'avg_featmap'")
+        loss = dict(loss or dict(type='DINOLoss'))
+        loss.setdefault('out_channels', self.head.out_channels)
+        loss.setdefault('num_global_views', num_global_views)
+        self.dino_loss = MODELS.build(loss)
+        self.teacher = nn.ModuleDict(
+            dict(backbone=copy.deepcopy(self.backbone), head=copy.deepcopy(self.head)))
+        self.teacher.requires_grad_(False)
+        self.temp_cfg = dict(warmup_temp=warmup_teacher_temp, final_temp=teacher_temp,
+                             warmup_epochs=warmup_teacher_temp_epochs)
+        self.momentum_cfg = dict(base=momentum_teacher, final=final_momentum_teacher)
+        self.freeze_last_layer = freeze_last_layer
+        self.num_global_views = num_global_views
+        self._progress: Optional[Progress] = None
+
+    # ---- progress and schedules ---------------------------------------------------------
+    def set_progress(self, iteration: int, max_iters: int, epoch_len: int) -> None:
+        """Tell the model which (0-based) iteration comes next. Called by ``DINOTeacherHook``
+        before every training iteration; the schedules below are functions of this alone."""
+        if not 0 <= iteration <= max_iters or epoch_len < 1:
+            raise ValueError(f'DINO.set_progress: need 0 <= iteration ({iteration}) <= max_iters '
+                             f'({max_iters}) and epoch_len ({epoch_len}) >= 1')
+        self._progress = Progress(int(iteration), int(max_iters), int(epoch_len))
+
+    @property
+    def progress(self) -> Progress:
+        if self._progress is None:
+            if self.training:
+                raise RuntimeError(
+                    'DINO: training progress is unknown. Add the hook that drives the schedules '
+                    "and the teacher update: custom_hooks=[dict(type='DINOTeacherHook')], or call "
+                    'model.set_progress(iteration, max_iters, epoch_len) yourself.')
+            return Progress(0, 1, 1)
+        return self._progress
+
+    @property
+    def teacher_temp(self) -> float:
+        """Teacher temperature of the current iteration."""
+        p = self.progress
+        return teacher_temp_at(p.iteration, p.epoch_len, **self.temp_cfg)
+
+    @property
+    def momentum(self) -> float:
+        """Teacher EMA momentum of the current iteration."""
+        p = self.progress
+        return teacher_momentum_at(p.iteration, p.max_iters, **self.momentum_cfg)
+
+    @property
+    def last_layer_frozen(self) -> bool:
+        p = self.progress
+        return last_layer_frozen_at(p.iteration, p.epoch_len, self.freeze_last_layer)
+
+    # ---- teacher ------------------------------------------------------------------------
+    def _student_teacher_params(self) -> tuple[List[Tensor], List[Tensor]]:
+        pairs = [(s, t) for name in ('backbone', 'head')
+                 for s, t in zip(getattr(self, name).parameters(),
+                                 self.teacher[name].parameters()) if s.requires_grad]
+        return [s for s, _ in pairs], [t for _, t in pairs]
+
+    @torch.no_grad()
+    def update_teacher(self, momentum: Optional[float] = None) -> None:
+        """``teacher = m * teacher + (1 - m) * student`` for every trainable student parameter
+        (frozen ones are equal in both and stay so). ``m`` defaults to :attr:`momentum`."""
+        m = self.momentum if momentum is None else float(momentum)
+        student, teacher = self._student_teacher_params()
+        torch._foreach_mul_(teacher, m)
+        torch._foreach_add_(teacher, torch._foreach_mul(student, 1. - m))
+
+    def init_weights(self) -> None:
+        """Initialize the student, then make the teacher an exact copy of it (DINO starts both
+        from the same weights) unless the whole model was loaded through ``init_cfg``."""
+        super().init_weights()
+        if self.init_cfg is None:
+            for name in ('backbone', 'head'):
+                self.teacher[name].load_state_dict(getattr(self, name).state_dict())
+
+    def train(self, mode: bool = True):
+        """The teacher always runs in eval mode (no stochastic depth / dropout, as in DINO)."""
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    # ---- forward ------------------------------------------------------------------------
+    @staticmethod
+    def _multicrop(backbone: nn.Module, head: nn.Module, views: Sequence[Tensor],
+                   freeze_last_layer: bool = False) -> Tensor:
+        """Backbone once per run of same-resolution views, head once: (sum_v B, K), view-major."""
+        feats, start = [], 0
+        while start < len(views):
+            stop = start + 1
+            while stop < len(views) and views[stop].shape[-2:] == views[start].shape[-2:]:
+                stop += 1
+            feats.append(backbone(torch.cat(list(views[start:stop])))[-1])
+            start = stop
+        feats = torch.cat(feats)
+        return head(feats, detach_last_layer=True) if freeze_last_layer else head(feats)
+
+    def loss(self, inputs: List[Tensor], data_samples=None) -> dict:
+        """inputs: list of V view batches (B, 3, H_v, W_v) -> loss and logged scalars.
+
+        Returns ``loss``, ``teacher_entropy`` (nats), ``kl`` (teacher || student),
+        ``center_norm``, ``teacher_temp`` and ``momentum`` (all scalars; only ``loss`` has a
+        gradient). In training mode the loss center is updated after the loss.
+        """
+        G = self.num_global_views
+        if not isinstance(inputs, (list, tuple)) or len(inputs) <= G:
+            raise ValueError(f'DINO.loss: expected a list of more than {G} view batches (global '
+                             f'views first), got {type(inputs).__name__} of length '
+                             f'{len(inputs) if isinstance(inputs, (list, tuple)) else "-"}')
+        temp, momentum = self.teacher_temp, self.momentum
+        with torch.no_grad():
+            teacher_out = self._multicrop(self.teacher['backbone'], self.teacher['head'],
+                                          inputs[:G])
+        student_out = self._multicrop(self.backbone, self.head, inputs,
+                                      freeze_last_layer=self.training and self.last_layer_frozen)
+        losses = self.dino_loss(student_out, teacher_out, temp)
+        if self.training:
+            self.dino_loss.update_center(teacher_out)
+        scalar = teacher_out.new_tensor
+        losses.update(center_norm=self.dino_loss.center.norm(), teacher_temp=scalar(temp),
+                      momentum=scalar(momentum))
+        return losses

@@ -1,0 +1,88 @@
+"""Kill a DINO run mid-epoch, ``--resume`` it, and get the uninterrupted run's losses and weights
+(teacher, loss center, schedules and optimizer restored). Demo config, tiny sizes, CPU."""
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-1e_embedded-64px.py')
+
+
+class Killed(Exception):
+    pass
+
+
+class Record(Hook):
+    """Per-iteration loss and teacher temperature / momentum, and a simulated kill."""
+    priority = 'LOWEST'
+
+    def __init__(self, kill_at=None):
+        self.losses, self.kill_at = {}, kill_at
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.kill_at:
+            raise Killed
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.losses[runner.iter] = tuple(float(outputs[k].detach()) for k in
+                                         ('loss', 'center_norm', 'teacher_temp', 'momentum'))
+
+
+def _cfg(root, work_dir, name, resume=False):
+    cfg = Config.fromfile(DEMO)
+    cfg.work_dir, cfg.experiment_name, cfg.resume = str(work_dir), name, resume
+    m = cfg.model
+    m.backbone.update(arch=dict(embed_dims=32, num_layers=1), img_size=32,
+                      mixer_cfg=dict(d_state=8, headdim=16))
+    m.head.update(in_channels=32, out_channels=64, hidden_channels=32, bottleneck_channels=16)
+    m.update(warmup_teacher_temp=0.03, teacher_temp=0.04, warmup_teacher_temp_epochs=3,
+             freeze_last_layer=1)
+    crop = cfg.train_dataloader.dataset.pipeline[1]
+    crop.update(global_crop_size=32, local_crop_size=16, num_local_crops=2)
+    cfg.train_dataloader.update(batch_size=8, num_workers=0)  # 48 images: 6 iterations / epoch
+    cfg.train_dataloader.dataset.data_root = str(root)
+    cfg.train_cfg.max_epochs = 3
+    for sched in cfg.param_scheduler[1:]:  # cosine lr / weight decay over the 3 epochs
+        sched.end = 3
+    cfg.default_hooks.logger.interval = 1
+    cfg.default_hooks.checkpoint.max_keep_ckpts = 5
+    cfg.log_level = 'WARNING'
+    return cfg
+
+
+def _run(cfg, record):
+    runner = Runner.from_cfg(cfg)
+    runner.register_hook(record)
+    try:
+        runner.train()
+    except Killed:
+        pass
+    return runner
+
+
+def test_resume_equals_uninterrupted_run(embedded_root, tmp_path):
+    full = Record()
+    runner = _run(_cfg(embedded_root, tmp_path / 'full', 'dino_full'), full)
+    assert sorted(full.losses) == list(range(18))
+    killed = Record(kill_at=8)  # dies in epoch 2, after the epoch-1 checkpoint
+    _run(_cfg(embedded_root, tmp_path / 'part', 'dino_killed'), killed)
+    assert sorted(killed.losses) == list(range(8))
+    resumed = Record()
+    _run(_cfg(embedded_root, tmp_path / 'part', 'dino_resumed', resume=True), resumed)
+    assert sorted(resumed.losses) == list(range(6, 18))  # restarts after epoch 1
+    for it in range(8):
+        assert killed.losses[it] == full.losses[it], it
+    for it in range(6, 18):
+        assert resumed.losses[it] == full.losses[it], (it, resumed.losses[it], full.losses[it])
+    temps = [full.losses[i][2] for i in (0, 6, 12)]  # warm-up over 3 epochs, by epoch
+    assert temps == pytest.approx([0.03, 0.035, 0.04], abs=1e-7)
+    a = torch.load(tmp_path / 'full' / 'epoch_3.pth', map_location='cpu', weights_only=False)
+    b = torch.load(tmp_path / 'part' / 'epoch_3.pth', map_location='cpu', weights_only=False)
+    assert {'teacher.backbone.pos_embed', 'dino_loss.center'} <= set(a['state_dict'])
+    for k, v in a['state_dict'].items():
+        assert torch.equal(b['state_dict'][k], v), k
+    assert runner.iter == 18
