@@ -2,3 +2,4 @@
 from . import transforms  # noqa: F401
 from .embedded import EmbeddedShapes, generate_embedded_dataset  # noqa: F401
 from .imagenet_s import ImageNetS  # noqa: F401
+from .imagenet_variants import ImageNetReaL, ImageNetVariant  # noqa: F401

@@ -4,3 +4,5 @@ from .binary_auc import BinaryAUC
 
 __all__ = ['BinaryAUC', 'exact_auc', 'sweep_auc', 'normalize_auc', 'roc_curve',
            'minmax_normalize', 'resize_mask']
+from .real import ReaLAccuracy  # noqa: F401,E402
+from .robustness import RestrictedAccuracy, restrict_predictions  # noqa: F401,E402

@@ -1,1 +1,2 @@
 """models/necks."""
+from .probe_neck import POOLINGS, ProbeFeatureNeck, pool_tokens  # noqa: F401

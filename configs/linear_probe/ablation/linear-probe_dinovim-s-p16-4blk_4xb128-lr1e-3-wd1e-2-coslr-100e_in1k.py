@@ -1,0 +1,3 @@
+# Table 5 (middle), DinoVim-S: weight decay 1e-2 at lr 1e-3 (4 blocks). Paper: 75.7.
+_base_ = ['./linear-probe_dinovim-s-p16-4blk_4xb128-lr1e-3-wd0-coslr-100e_in1k.py']
+optim_wrapper = dict(optimizer=dict(weight_decay=1e-2))
