@@ -1,0 +1,5 @@
+# Cascade Mask R-CNN + LinearViT-S/16 on COCO: the LinearViT-B recipe at width 384.
+_base_ = './cascade-mask-rcnn_linearvit-b-simplefpn_8xb2-1x_coco.py'
+model = dict(
+    backbone=dict(arch='s', init_cfg=dict(checkpoint='checkpoints/dino_linearvit-s_in1k.pth')),
+    neck=dict(in_channels=384))
