@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One batched GPU session (device tool): install the carried wheels, then run the GPU checks.
 #   bash tools/analysis/gpu_session.sh [check|bench|all] [extra benchmark args...]
-# Wheels: .whl/ (pure-Python onedl-mmengine/mmcv(no ops)/mmpretrain, mamba_ssm; see README
-# "Checking the GPU path"). Writes logs to $OUT when set.
+# Wheels: .whl/ (pure-Python onedl-mmengine/mmcv(no ops)/mmpretrain, mamba_ssm), built by
+# tools/analysis/prepare_gpu_wheels.sh and carried with the device tool. Logs go to $OUT when set.
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the wheels a bare GPU image needs to run mmdinomamba's GPU checks and benchmarks, into
+# ./.whl (ignored by git). The GPU image (device tool) has Python 3.12, torch, triton, einops,
+# opencv, matplotlib, rich, pyyaml, but no OpenMMLab packages and no mamba_ssm; nothing can be
+# downloaded there, so everything travels as pure-Python wheels:
+#
+#   onedl-mmengine, onedl-mmpretrain + their small pure-Python deps (addict, yapf, termcolor,
+#   platformdirs, mat4py, modelindex, ordered-set), onedl-mmcv built WITHOUT its compiled ops
+#   (in an isolated build: the backbones, mixers and DINO need no mmcv op), and mamba_ssm 2.3.2.post1
+#   built as a pure-Python wheel (its Triton SSD kernels need no compiled extension).
+#
+#   bash tools/analysis/prepare_gpu_wheels.sh            # -> .whl/*.whl
+#   # then, with the device tool: carry ['.whl'] and run
+#   bash tools/analysis/gpu_session.sh all --res 224 512 1024 --batch 64 16 4 --modes train
+#
+# Needs the project venv (tools/setup_env.sh) for the two local builds; about a minute.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=${WHEEL_DIR:-.whl}
+PIP=("$PY" -m pip --disable-pip-version-check)
+mkdir -p "$OUT"
+
+# Pure-Python packages (some are published as sdists only, so build rather than download).
+"${PIP[@]}" wheel -q --no-deps -w "$OUT" onedl-mmengine==0.10.12 onedl-mmpretrain==1.3.6 \
+  addict yapf termcolor platformdirs mat4py modelindex ordered-set \
+  2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+
+# mmcv without compiled ops: a pure-Python wheel, built here from the sdist. mmcv's setup.py
+# skips its ops exactly when torch does not import, which is the case in pip's isolated build
+# environment (the pitfall of ../shared/DEPENDENCIES.md, used on purpose here).
+if ! ls "$OUT"/onedl_mmcv-*.whl >/dev/null 2>&1; then
+  "${PIP[@]}" wheel -q --no-deps --no-cache-dir -w "$OUT" onedl-mmcv==2.3.6 \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+fi
+# mamba_ssm as a pure-Python wheel (no CUDA build, no download of a prebuilt wheel).
+if ! ls "$OUT"/mamba_ssm-*.whl >/dev/null 2>&1; then
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE "${PIP[@]}" wheel -q --no-deps \
+    --no-build-isolation --no-cache-dir -w "$OUT" mamba-ssm==2.3.2.post1
+fi
+# Any wheel tagged for this machine's Python (e.g. cp311) would not install on 3.12.
+for w in "$OUT"/*.whl; do
+  case "$w" in
+    *-py3-none-any.whl|*-py2.py3-none-any.whl|*-cp312-*) ;;
+    *) echo "not pure Python, will not install on the GPU image: $w" >&2; exit 1 ;;
+  esac
+done
+du -ch "$OUT"/*.whl | tail -1
+ls "$OUT"
