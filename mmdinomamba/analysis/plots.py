@@ -6,6 +6,7 @@ array ``(H, W, 3)`` (for ``visualizer.add_image``) and writes a PNG when ``out_f
 """
 import os
 import os.path as osp
+import textwrap
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -104,7 +105,8 @@ def plot_featmap_grid(img: np.ndarray, maps, layers: Sequence[int], query_index=
     nl, nh, nr = maps.shape[:3]
     rows = _panels(nl, nh, nr)
     ncol = len(rows[0])
-    fig = Figure(figsize=(1.6 * (ncol + 1), 1.8 * len(rows) + 0.5), dpi=80)
+    width = 1.6 * (ncol + 1)
+    fig = Figure(figsize=(width, 1.8 * len(rows) + 0.5), dpi=80)
     axes = fig.subplots(len(rows), ncol + 1, squeeze=False)
     for row, panels in zip(axes, rows):
         i, h, _ = panels[0]
@@ -121,7 +123,8 @@ def plot_featmap_grid(img: np.ndarray, maps, layers: Sequence[int], query_index=
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(title, fontsize=9)
+    # ~13 characters of a 9 pt title fit one inch: wrap instead of clipping at the figure edge.
+    fig.suptitle(textwrap.fill(title, max(16, int(13 * width))), fontsize=9)
     fig.tight_layout()
     return _finish(fig, out_file)
 
