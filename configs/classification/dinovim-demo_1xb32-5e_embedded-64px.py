@@ -3,10 +3,9 @@
 # shape classes. It exercises tools/train.py / tools/test.py end to end (checkpoints, --resume,
 # validation with mmpretrain's Accuracy) and is an upper reference for the demo's linear probes.
 #   python tools/train.py configs/classification/dinovim-demo_1xb32-5e_embedded-64px.py
-_base_ = ['mmpretrain::_base_/default_runtime.py']
+_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/datasets/embedded_cls.py']
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
 
-data_root = 'data/embedded'
 model = dict(
     type='ImageClassifier',
     backbone=dict(
@@ -22,30 +21,11 @@ model = dict(
         in_channels=64,
         loss=dict(type='CrossEntropyLoss'),
         topk=(1, )))
-data_preprocessor = dict(
-    num_classes=6, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True)
-
-train_pipeline = [
+train_dataloader = dict(dataset=dict(pipeline=[
     dict(type='LoadImageFromFile'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(type='PackInputs'),
-]
-test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
-train_dataloader = dict(
-    batch_size=32,
-    num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='train',
-                 pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=64,
-    num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='val',
-                 pipeline=test_pipeline))
-test_dataloader = val_dataloader
-val_evaluator = dict(type='Accuracy', topk=(1, ))
-test_evaluator = val_evaluator
+]))
 
 optim_wrapper = dict(optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
                      clip_grad=dict(max_norm=3.0))

@@ -19,10 +19,9 @@
 # memoizes the feature of every distinct input (exact: the backbone is frozen and
 # deterministic), so the backbone sees each of the 2400 + 480 images once and epochs 2-10 only
 # train the head. Validation: mmpretrain Accuracy (top-1) on the 'val' split.
-_base_ = ['mmpretrain::_base_/default_runtime.py']
+_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/datasets/embedded_cls.py']
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
 
-data_root = 'data/embedded'
 model = dict(
     type='LinearProbe',
     backbone=dict(
@@ -41,28 +40,12 @@ model = dict(
         num_classes=6,
         loss=dict(type='CrossEntropyLoss'),
         topk=(1, ),
-        init_cfg=dict(type='Normal', layer='Linear', std=0.01, bias=0.)),
-    data_preprocessor=dict(
-        num_classes=6, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
-        to_rgb=True))
+        init_cfg=dict(type='Normal', layer='Linear', std=0.01, bias=0.)))
 
-train_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
-test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
-train_dataloader = dict(
-    batch_size=128,
-    num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='train',
-                 pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=240,
-    num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='val',
-                 pipeline=test_pipeline))
+# No augmentation (see above); the base's loaders, larger batches.
+train_dataloader = dict(batch_size=128)
+val_dataloader = dict(batch_size=240)
 test_dataloader = val_dataloader
-val_evaluator = dict(type='Accuracy', topk=(1, ))
-test_evaluator = val_evaluator
 
 # The paper's probe optimizer (SGD, momentum 0.9, cosine to 0), lr raised for 10 short epochs.
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.02, momentum=0.9, weight_decay=0.))

@@ -1,0 +1,20 @@
+# The embedded data set (generated on first use) as a 6-class classification set: 64 px images,
+# labels from meta/{train,val}.txt, top-1 accuracy. Leaf configs set batch sizes / pipelines.
+dataset_type = 'EmbeddedShapes'
+data_root = 'data/embedded'
+data_preprocessor = dict(
+    num_classes=6, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True)
+test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
+train_dataloader = dict(
+    batch_size=32,
+    num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    dataset=dict(type=dataset_type, data_root=data_root, split='train', pipeline=test_pipeline))
+val_dataloader = dict(
+    batch_size=64,
+    num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type=dataset_type, data_root=data_root, split='val', pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='Accuracy', topk=(1, ))
+test_evaluator = val_evaluator
