@@ -71,3 +71,51 @@ def test_causal_conv_is_causal_and_errors():
         causal_conv1d(x, w, activation='relu')
     with pytest.raises(ValueError, match='weight'):
         causal_conv1d(x, torch.randn(4, 4))
+
+
+def _formula(x, z, w, eps, gs, norm_before_gate):
+    """The gated RMSNorm written out directly (differentiated by autograd)."""
+    gate = None if z is None else z * torch.sigmoid(z)
+    v = x if gate is None or norm_before_gate else x * gate
+    out = torch.cat([_rms(v[..., i:i + gs], eps) for i in range(0, x.shape[-1], gs)], -1) * w
+    return out * gate if gate is not None and norm_before_gate else out
+
+
+@pytest.mark.parametrize('norm_before_gate', [False, True])
+@pytest.mark.parametrize('group_size,with_gate', [(12, True), (4, True), (4, False)])
+def test_gated_rms_norm_gradients_match_autograd_of_formula(norm_before_gate, group_size,
+                                                             with_gate):
+    x, z, w = (torch.randn(2, 5, 12, dtype=torch.float64), torch.randn(2, 5, 12,
+                                                                     dtype=torch.float64),
+               torch.randn(12, dtype=torch.float64))
+    z = z if with_gate else None
+    leaves = [t.requires_grad_() for t in (x, z, w) if t is not None]
+    go = torch.randn(2, 5, 12, dtype=torch.float64)
+    got = torch.autograd.grad(
+        gated_rms_norm(x, z, w, 1e-5, group_size, norm_before_gate), leaves, go)
+    want = torch.autograd.grad(_formula(x, z, w, 1e-5, group_size, norm_before_gate), leaves, go)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_gated_rms_norm_keeps_only_its_inputs_for_backward():
+    from torch.autograd.graph import saved_tensors_hooks
+    x, z = torch.randn(2, 64, 32, requires_grad=True), torch.randn(2, 64, 32, requires_grad=True)
+    w = torch.ones(32, requires_grad=True)
+    saved = []
+    with saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        gated_rms_norm(x, z, w, group_size=8)
+    assert sum(t.numel() for t in saved) <= x.numel() + z.numel() + w.numel()
+
+
+def test_gated_rms_norm_bf16_gradients_close_to_float32():
+    x, z, w = torch.randn(4, 16), torch.randn(4, 16), torch.rand(16) + 0.5
+    grads = []
+    for dtype in (torch.float32, torch.bfloat16):
+        xs, zs = (t.detach().to(dtype).requires_grad_() for t in (x, z))
+        ws = w.clone().requires_grad_()
+        gated_rms_norm(xs, zs, ws).float().square().sum().backward()
+        assert xs.grad.dtype == dtype and zs.grad.dtype == dtype and ws.grad.dtype == w.dtype
+        grads.append([xs.grad.float(), zs.grad.float(), ws.grad])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2)
