@@ -4,7 +4,9 @@ Kernels (each looked up on first CUDA use, never at package import):
 
 * ``mamba_chunk_scan_combined`` (SSD scan) and ``rmsnorm_fn`` (gated RMSNorm), the Triton
   kernels of ``mamba_ssm`` (``mamba_ssm/ops/triton/ssd_combined.py``, ``layernorm_gated.py``);
-* ``causal_conv1d_fn`` from the ``causal_conv1d`` package (CUDA build only).
+* ``causal_conv1d_fn`` from the ``causal_conv1d`` package (CUDA build only);
+* ``bidir_causal_conv``, our own Triton kernel of both directions' causal conv + SiLU
+  (``bidir_conv_triton.py``), used after a one-off self-check against the portable path.
 
 How ``mamba_ssm`` is reached: ``mamba_ssm==2.3.2.post1`` installed without its CUDA build (the
 pure-Python wheel, ``MAMBA_SKIP_CUDA_BUILD=TRUE``) cannot be imported as a package, because
@@ -80,8 +82,11 @@ def _import_mamba_module(name: str) -> types.ModuleType:
         return importlib.import_module(name)
 
 
-def _lookup(key: str, module: str, attr: str, what: str) -> Callable | None:
-    """Find ``module.attr`` once (cached); log which implementation is used."""
+def _lookup(key: str, module: str, attr: str, what: str,
+            self_check: bool = False) -> Callable | None:
+    """Find ``module.attr`` once (cached); log which implementation is used. With
+    ``self_check``, ``module.self_check()`` must pass first (it compiles and runs the kernel
+    once on a small input, so a kernel that fails to build degrades here, not mid-training)."""
     if _portable_depth:
         return None
     if key not in _cache:
@@ -90,7 +95,10 @@ def _lookup(key: str, module: str, attr: str, what: str) -> Callable | None:
                 importlib.import_module('triton')
                 fn = getattr(_import_mamba_module(module), attr)
             else:
-                fn = getattr(importlib.import_module(module), attr)
+                mod = importlib.import_module(module)
+                if self_check:
+                    mod.self_check()
+                fn = getattr(mod, attr)
             log_once(key, f'{what}: using {module}.{attr} for CUDA tensors')
         except Exception as err:  # any failure degrades to the portable path
             fn = None
@@ -114,3 +122,10 @@ def rmsnorm_fn() -> Callable | None:
 def causal_conv1d_fn() -> Callable | None:
     """``causal_conv1d.causal_conv1d_fn`` (CUDA extension), or None."""
     return _lookup('conv', 'causal_conv1d', 'causal_conv1d_fn', 'causal conv1d')
+
+
+def bidir_conv_fn() -> Callable | None:
+    """Our fused Triton kernel of both directions' causal conv + SiLU (after a self-check
+    against the portable implementation), or None."""
+    return _lookup('bidir_conv', 'mmdinomamba.ops.bidir_conv_triton', 'bidir_causal_conv',
+                   'bidirectional causal conv', self_check=True)

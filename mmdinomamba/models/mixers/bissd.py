@@ -13,7 +13,7 @@ from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
-from mmdinomamba.ops import causal_conv1d, gated_rms_norm, ssd_mixing_matrix, ssd_scan
+from mmdinomamba.ops import bidir_causal_conv1d, gated_rms_norm, ssd_mixing_matrix, ssd_scan
 
 __all__ = ['BiSSD', 'GatedRMSNorm']
 
@@ -135,15 +135,11 @@ class BiSSD(BaseModule):
         return self.in_proj(x).split([self.d_inner, conv_dim, self.num_heads], dim=-1)
 
     def _conv_params(self):
-        """Weights (2*conv_dim, K) and bias of both convs, channels ordered
-        [x_f, x_b, B_f, B_b, C_f, C_b] so the conv output splits into scan inputs by views."""
-        sizes = [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state]
-        w_f, w_b = self.conv1d.weight[:, 0].split(sizes), self.conv1d_b.weight[:, 0].split(sizes)
-        weight = torch.cat([t for pair in zip(w_f, w_b) for t in pair])
+        """Filters (2, conv_dim, K) and biases (2, conv_dim) (or None) of the two directions."""
+        weight = torch.stack([self.conv1d.weight[:, 0], self.conv1d_b.weight[:, 0]])
         if self.conv1d.bias is None:
             return weight, None
-        b_f, b_b = self.conv1d.bias.split(sizes), self.conv1d_b.bias.split(sizes)
-        return weight, torch.cat([t for pair in zip(b_f, b_b) for t in pair])
+        return weight, torch.stack([self.conv1d.bias, self.conv1d_b.bias])
 
     def _scan_inputs(self, xBC: Tensor, dt: Tensor):
         """Both directions as one SSD problem of 2*nheads heads and 2*ngroups groups.
@@ -152,12 +148,9 @@ class BiSSD(BaseModule):
         direction on the flipped sequence. Returns ``u`` (B, L, 2h, p), ``dt`` (B, L, 2h) after
         softplus, ``A`` (2h,), ``B``, ``C`` (B, L, 2g, n) and ``D`` (2h,).
         """
-        b, length, _ = xBC.shape
         d, gn = self.d_inner, self.ngroups * self.d_state
-        sizes = [d, gn, gn]
-        pairs = zip(xBC.split(sizes, dim=-1), xBC.flip(1).split(sizes, dim=-1))
-        pieces = [t for pair in pairs for t in pair]
-        conv = causal_conv1d(torch.cat(pieces, dim=-1), *self._conv_params(), activation='silu')
+        # channels [x_f, x_b, B_f, B_b, C_f, C_b], backward parts in flipped time order
+        conv = bidir_causal_conv1d(xBC, *self._conv_params(), (d, gn, gn), activation='silu')
         u = conv[..., :2 * d].unflatten(-1, (2 * self.num_heads, self.headdim))
         Bm = conv[..., 2 * d:2 * d + 2 * gn].unflatten(-1, (2 * self.ngroups, self.d_state))
         Cm = conv[..., 2 * d + 2 * gn:].unflatten(-1, (2 * self.ngroups, self.d_state))

@@ -1,0 +1,74 @@
+"""Both directions' depthwise causal convs of a bidirectional Mamba mixer in one call."""
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ._triton import bidir_conv_fn, log_once
+from .conv import causal_conv1d
+
+__all__ = ['bidir_causal_conv1d']
+
+
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None, splits: Sequence[int]) -> None:
+    c = x.shape[-1] if x.dim() == 3 else -1
+    if (x.dim() != 3 or weight.dim() != 3 or weight.shape[:2] != (2, c)
+            or (bias is not None and tuple(bias.shape) != (2, c))):
+        raise ValueError(f'bidir_causal_conv1d: need x (B, L, C), weight (2, C, K) and bias '
+                         f'(2, C) or None; got {tuple(x.shape)}, {tuple(weight.shape)}, '
+                         f'{None if bias is None else tuple(bias.shape)}')
+    if not 1 <= len(splits) <= 3 or sum(splits) != c or min(splits) < 1:
+        raise ValueError(f'bidir_causal_conv1d: splits {list(splits)} must be 1-3 positive '
+                         f'sizes adding up to C={c}')
+
+
+def bidir_causal_conv1d_portable(x: Tensor, weight: Tensor, bias: Tensor | None,
+                                 splits: Sequence[int], activation: str | None = 'silu') -> Tensor:
+    """The specification of :func:`bidir_causal_conv1d` in plain PyTorch (flip, cat, conv)."""
+    pairs = zip(x.split(list(splits), dim=-1), x.flip(1).split(list(splits), dim=-1))
+    w = [t for pair in zip(weight[0].split(list(splits)), weight[1].split(list(splits)))
+         for t in pair]
+    b = None if bias is None else torch.cat(
+        [t for pair in zip(bias[0].split(list(splits)), bias[1].split(list(splits)))
+         for t in pair])
+    return causal_conv1d(torch.cat([t for pair in pairs for t in pair], dim=-1), torch.cat(w), b,
+                         activation=activation)
+
+
+def bidir_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, splits: Sequence[int],
+                        activation: str | None = 'silu') -> Tensor:
+    """Forward conv on ``x`` and backward conv on the time-flipped ``x``, channel-interleaved.
+
+    With segments ``x = [x_0, x_1, ...]`` of ``splits`` channels (e.g. Mamba's x, B, C) and
+    ``conv_d`` the depthwise causal conv (+ SiLU) of direction ``d`` (``weight[d]``,
+    ``bias[d]``), the output is ``[conv_0(x_0), conv_1(flip(x_0)), conv_0(x_1),
+    conv_1(flip(x_1)), ...]`` along channels, every backward part in FLIPPED time order: exactly
+    the inputs of one SSD scan of both directions (backward heads on the flipped sequence).
+
+    On CUDA this is one Triton kernel (forward and backward) that reads the flipped sequence by
+    index arithmetic, so no flipped copy, concatenation or layout transpose is materialized;
+    elsewhere (or inside :func:`~mmdinomamba.ops.portable_ops`, or if the kernel fails) it is
+    :func:`bidir_causal_conv1d_portable`, the specification.
+
+    Args:
+        x (Tensor): (B, L, C), last dimension contiguous (a split of a projection is fine).
+        weight (Tensor): (2, C, K) filters of the forward and backward direction.
+        bias (Tensor, optional): (2, C).
+        splits (Sequence[int]): 1-3 channel segment sizes adding up to C.
+        activation (str | None): 'silu' or None. Defaults to 'silu'.
+
+    Returns:
+        Tensor: (B, L, 2C).
+    """
+    _check(x, weight, bias, splits)
+    if activation not in (None, 'silu', 'swish'):
+        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
+    if x.is_cuda and (fn := bidir_conv_fn()) is not None:
+        try:
+            return fn(x, weight, bias, tuple(splits), activation is not None)
+        except Exception as err:  # a kernel that does not compile here: use the spec
+            log_once('bidir_conv_failed', f'fused bidirectional conv failed ({type(err).__name__}'
+                     f': {err}); using the portable PyTorch implementation')
+            from . import _triton
+            _triton._cache['bidir_conv'] = None
+    return bidir_causal_conv1d_portable(x, weight, bias, splits, activation)
