@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 if [[ $what == check || $what == all ]]; then
   python3 tools/analysis/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log"
-  python3 -m pytest tests/test_ops tests/test_models/test_mixers -q -m gpu -p no:cacheprovider \
+  python3 -m pytest tests/test_ops tests/test_models/test_mixers tests/test_models/test_backbones \
+    -q -m gpu -p no:cacheprovider \
     2>&1 | tail -15 | tee "$OUT/pytest_gpu.log"
 fi
 if [[ $what == bench || $what == all ]]; then
