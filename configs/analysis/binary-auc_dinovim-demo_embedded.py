@@ -19,3 +19,5 @@ model = dict(
     map_type='mixing',
     layers=None,
     head_reduce=None)
+# A fixed seed makes the random-init baseline (no --checkpoint) the same model on every run.
+randomness = dict(seed=0, deterministic=False)

@@ -91,6 +91,20 @@ def test_tools_test_prints_binary_auc(tmp_path, embedded_root):
     assert {f'binary_auc/auc/head_{h}' for h in range(8)} <= set(metrics)  # 128 / 16 heads
 
 
+def test_random_init_baseline_is_the_same_model_every_run(tmp_path):
+    """The demo's random-init Binary-AUC baseline runs tools/test.py without a checkpoint; the
+    config's seed must make that the same model in every run (so the report is repeatable)."""
+    from mmengine.runner import Runner
+    cfg_file = osp.join(REPO, 'configs/analysis/binary-auc_dinovim-demo_embedded.py')
+    states = []
+    for i in range(2):
+        cfg = Config.fromfile(cfg_file)
+        cfg.work_dir = str(tmp_path / f'run{i}')
+        torch.manual_seed(i)  # whatever the global RNG state was before
+        states.append(Runner.from_cfg(cfg).model.backbone.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
 def test_visualize_featmap_tool(tmp_path, embedded_root):
     spec = importlib.util.spec_from_file_location(
         'visualize_featmap', osp.join(REPO, 'tools/analysis/visualize_featmap.py'))
