@@ -112,15 +112,15 @@ def timings(quick):
             print(f'scan fwd+bwd B={batch} L={length} h={heads} {backend:<6}: {ms:8.2f} ms')
     m = BiSSD(768).cuda()
     x = torch.randn(64 if not quick else 8, 197, 768, device='cuda', requires_grad=True)
-    for single in (True, False):
-        m.single_scan = single
+    for single, fused in ((True, True), (True, False), (False, True)):
+        m.single_scan, m.fused_conv = single, fused
 
         def step():
             with torch.autocast('cuda', dtype=torch.bfloat16):
                 m(x).float().sum().backward()
 
-        print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single}: '
-              f'{timeit(step):8.2f} ms')
+        print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
+              f'fused_conv={fused}: {timeit(step):8.2f} ms')
 
 
 def main():

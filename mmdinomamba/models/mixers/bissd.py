@@ -14,6 +14,7 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 
 from mmdinomamba.ops import bidir_causal_conv1d, gated_rms_norm, ssd_mixing_matrix, ssd_scan
+from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 
 __all__ = ['BiSSD', 'GatedRMSNorm']
 
@@ -70,6 +71,9 @@ class BiSSD(BaseModule):
             Defaults to True.
         norm_eps (float): RMSNorm epsilon. Defaults to 1e-5.
         single_scan (bool): both directions in one scan call. Defaults to True.
+        fused_conv (bool): on CUDA, both directions' conv + SiLU in our fused Triton kernel
+            (:func:`~mmdinomamba.ops.bidir_causal_conv1d`); False keeps the flip / cat /
+            depthwise-conv composition (for A/B timing). Same result. Defaults to True.
         backend (str): SSD backend (see :func:`mmdinomamba.ops.ssd_scan`). Defaults to 'auto'.
         num_heads (int, optional): if given, must equal the derived ``nheads`` (a check for
             generic backbone code). Defaults to None.
@@ -93,6 +97,7 @@ class BiSSD(BaseModule):
                  rmsnorm: bool = True,
                  norm_eps: float = 1e-5,
                  single_scan: bool = True,
+                 fused_conv: bool = True,
                  backend: str = 'auto',
                  num_heads: int | None = None,
                  init_cfg=None):
@@ -107,6 +112,7 @@ class BiSSD(BaseModule):
         self.embed_dims, self.d_inner, self.d_state = embed_dims, d_inner, d_state
         self.headdim, self.ngroups, self.num_heads = headdim, ngroups, d_inner // headdim
         self.chunk_size, self.single_scan, self.backend = chunk_size, single_scan, backend
+        self.fused_conv = fused_conv
         self.rmsnorm = rmsnorm
         h, conv_dim = self.num_heads, d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(embed_dims, 2 * d_inner + 2 * ngroups * d_state + h, bias=bias)
@@ -150,7 +156,8 @@ class BiSSD(BaseModule):
         """
         d, gn = self.d_inner, self.ngroups * self.d_state
         # channels [x_f, x_b, B_f, B_b, C_f, C_b], backward parts in flipped time order
-        conv = bidir_causal_conv1d(xBC, *self._conv_params(), (d, gn, gn), activation='silu')
+        conv_fn = bidir_causal_conv1d if self.fused_conv else bidir_causal_conv1d_portable
+        conv = conv_fn(xBC, *self._conv_params(), (d, gn, gn), activation='silu')
         u = conv[..., :2 * d].unflatten(-1, (2 * self.num_heads, self.headdim))
         Bm = conv[..., 2 * d:2 * d + 2 * gn].unflatten(-1, (2 * self.ngroups, self.d_state))
         Cm = conv[..., 2 * d + 2 * gn:].unflatten(-1, (2 * self.ngroups, self.d_state))
