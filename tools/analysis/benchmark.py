@@ -44,9 +44,11 @@ def reference_of(name: str) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-def _build(name: str, device: str):
+def _build(name: str, device: str, fused_conv: bool = True):
     from mmdinomamba.models import backbones
     cfg = dict(ARCHS[name])
+    if not fused_conv and cfg['type'] in ('DinoVim', 'MambaReg'):
+        cfg['mixer_cfg'] = dict(fused_conv=False)
     return getattr(backbones, cfg.pop('type'))(**cfg, drop_path_rate=0.).to(device)
 
 
@@ -75,11 +77,11 @@ def _current_rss_kib() -> float:
 
 
 def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
-            amp: bool) -> dict:
+            amp: bool, compile_model: bool = False, fused_conv: bool = True) -> dict:
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
-    model = _build(name, device)
+    model = _build(name, device, fused_conv)
     model.train(mode != 'fwd')
-    if os.environ.get('MMDM_BENCH_COMPILE') == '1':  # torch.compile the glue around the kernels
+    if compile_model:  # torch.compile the glue around the kernels
         model = torch.compile(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6) if mode == 'train' else None
     x = torch.randn(batch, 3, res, res, device=device)
@@ -122,13 +124,15 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
     if args.device.startswith('cuda'):
         try:
             return measure(name, res, mode, batch, args.device, args.iters, args.warmup,
-                           args.amp)
+                           args.amp, args.compile, not args.no_fused_conv)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'), batch=batch)
     cmd = [sys.executable, __file__, '--one', name, str(res), mode, '--batch', str(batch),
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
+    cmd += ['--compile'] if args.compile else []
+    cmd += ['--no-fused-conv'] if args.no_fused_conv else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode:
         raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
@@ -179,6 +183,10 @@ def parse_args(argv=None):
     parser.add_argument('--iters', type=int, default=10)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
+    parser.add_argument('--compile', action='store_true', help='torch.compile each model')
+    parser.add_argument('--no-fused-conv', action='store_true',
+                        help="DinoVim/MambaReg: the flip/cat/conv composition instead of our "
+                        "fused bidirectional conv kernel (CUDA A/B; CPU is unaffected)")
     parser.add_argument('--json', help='also write the rows to this JSON file')
     parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -189,10 +197,11 @@ def main(argv=None) -> None:
     if args.one:
         name, res, mode = args.one
         print(json.dumps(measure(name, int(res), mode, args.batch[0], args.device, args.iters,
-                                 args.warmup, args.amp)))
+                                 args.warmup, args.amp, args.compile, not args.no_fused_conv)))
         return
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
+          f'compile={args.compile} fused_conv={not args.no_fused_conv} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:

@@ -1,0 +1,38 @@
+"""tools/analysis/benchmark.py: one side-by-side CPU run, ratios to the ViT of the same size."""
+import importlib.util
+import json
+import os.path as osp
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        'benchmark', osp.join(REPO, 'tools/analysis/benchmark.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+@pytest.mark.slow
+def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
+    out = tmp_path / 'rows.json'
+    _tool().main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
+                  '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--no-fused-conv',
+                  '--json', str(out)])
+    rows = {r['arch']: r for r in json.loads(out.read_text())}
+    assert set(rows) == {'vit-s', 'dinovim-t'}  # the reference was added and measured
+    assert rows['vit-s']['speed_ratio'] == 1.0
+    d = rows['dinovim-t']
+    assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
+    assert abs(d['params'] - 10.71) < 0.01
+    assert 'fused_conv=False' in capsys.readouterr().out
+
+
+def test_build_passes_the_fused_conv_switch_to_mamba_mixers_only():
+    tool = _tool()
+    assert tool._build('dinovim-t', 'cpu', fused_conv=False).layers[0].mixer.fused_conv is False
+    assert tool._build('dinovim-t', 'cpu').layers[0].mixer.fused_conv is True
+    tool._build('vit-s', 'cpu', fused_conv=False)  # not a Mamba model: the switch is ignored
