@@ -193,6 +193,14 @@ def bidir_causal_conv(x, weight, bias, splits, act):
 def self_check(device='cuda') -> None:
     """Run forward and backward once on a small input and compare with the portable
     implementation; raises if the kernel does not compile or disagrees (float32)."""
+    # The first CUDA call (which triggers this check) may come under no_grad (a DINO teacher),
+    # inference_mode or bf16 autocast: check in float32 with autograd on, whatever the caller.
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
+            torch.device(device).type, enabled=False):
+        _self_check(device)
+
+
+def _self_check(device) -> None:
     from .bidir_conv import bidir_causal_conv1d_portable
     gen = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*s, generator=gen).to(device)

@@ -68,6 +68,10 @@ _INTERPRETED = textwrap.dedent('''
     from mmdinomamba.ops import bidir_conv_triton as T
     from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable as spec
     T.self_check(device='cpu')
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        T.self_check(device='cpu')  # as on a first call from a no-grad, autocast forward
+    with torch.inference_mode():
+        T.self_check(device='cpu')
     torch.manual_seed(0)
     worst = 0.
     for B, L, C, splits, act, bias in [(1, 1, 8, (8, ), True, True),
