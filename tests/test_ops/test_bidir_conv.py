@@ -95,7 +95,8 @@ _INTERPRETED = textwrap.dedent('''
 
 @pytest.mark.skipif(importlib.util.find_spec('triton') is None, reason='needs triton')
 def test_triton_kernel_matches_spec_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=REPO)
+    path = os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p)
+    env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=path)
     proc = subprocess.run([sys.executable, '-c', _INTERPRETED], env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,9 +5,10 @@
 # downloaded there, so everything travels as pure-Python wheels:
 #
 #   onedl-mmengine, onedl-mmpretrain + their small pure-Python deps (addict, yapf, termcolor,
-#   platformdirs, mat4py, modelindex, ordered-set), onedl-mmcv built WITHOUT its compiled ops
-#   (in an isolated build: the backbones, mixers and DINO need no mmcv op), and mamba_ssm 2.3.2.post1
-#   built as a pure-Python wheel (its Triton SSD kernels need no compiled extension).
+#   platformdirs, mat4py, model-index, ordered-set, importlib-metadata), onedl-mmcv built
+#   WITHOUT its compiled ops (in an isolated build: the backbones, mixers and DINO need no mmcv
+#   op), and mamba_ssm 2.3.2.post1 as a pure-Python wheel (its Triton SSD kernels need no
+#   compiled extension).
 #
 #   bash tools/analysis/prepare_gpu_wheels.sh            # -> .whl/*.whl
 #   # then, with the device tool: carry ['.whl'] and run
@@ -23,7 +24,7 @@ mkdir -p "$OUT"
 
 # Pure-Python packages (some are published as sdists only, so build rather than download).
 "${PIP[@]}" wheel -q --no-deps -w "$OUT" onedl-mmengine==0.10.12 onedl-mmpretrain==1.3.6 \
-  addict yapf termcolor platformdirs mat4py modelindex ordered-set \
+  addict yapf termcolor platformdirs mat4py modelindex model-index ordered-set importlib-metadata \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
 # mmcv without compiled ops: a pure-Python wheel, built here from the sdist. mmcv's setup.py
