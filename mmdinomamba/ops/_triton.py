@@ -109,6 +109,12 @@ def _lookup(key: str, module: str, attr: str, what: str,
     return _cache[key]
 
 
+def disable(key: str, reason: str) -> None:
+    """Stop using the kernel cached under ``key`` (e.g. it failed at run time); logged once."""
+    _cache[key] = None
+    log_once(f'{key}_disabled', reason)
+
+
 def chunk_scan_fn() -> Callable | None:
     """``mamba_ssm``'s ``mamba_chunk_scan_combined``, or None if it cannot be used."""
     return _lookup('scan', _SSD_MODULE, 'mamba_chunk_scan_combined', 'SSD scan')

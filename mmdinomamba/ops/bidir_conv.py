@@ -4,7 +4,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ._triton import bidir_conv_fn, log_once
+from ._triton import bidir_conv_fn, disable
 from .conv import causal_conv1d
 
 __all__ = ['bidir_causal_conv1d']
@@ -20,6 +20,10 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, splits: Sequence[int]
     if not 1 <= len(splits) <= 3 or sum(splits) != c or min(splits) < 1:
         raise ValueError(f'bidir_causal_conv1d: splits {list(splits)} must be 1-3 positive '
                          f'sizes adding up to C={c}')
+
+
+def _on_cuda(x: Tensor) -> bool:
+    return x.is_cuda
 
 
 def bidir_causal_conv1d_portable(x: Tensor, weight: Tensor, bias: Tensor | None,
@@ -63,12 +67,10 @@ def bidir_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, splits: 
     _check(x, weight, bias, splits)
     if activation not in (None, 'silu', 'swish'):
         raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
-    if x.is_cuda and (fn := bidir_conv_fn()) is not None:
+    if _on_cuda(x) and (fn := bidir_conv_fn()) is not None:
         try:
             return fn(x, weight, bias, tuple(splits), activation is not None)
-        except Exception as err:  # a kernel that does not compile here: use the spec
-            log_once('bidir_conv_failed', f'fused bidirectional conv failed ({type(err).__name__}'
-                     f': {err}); using the portable PyTorch implementation')
-            from . import _triton
-            _triton._cache['bidir_conv'] = None
+        except Exception as err:  # a kernel that fails here: use the spec from now on
+            disable('bidir_conv', f'fused bidirectional conv failed ({type(err).__name__}: '
+                    f'{err}); using the portable PyTorch implementation')
     return bidir_causal_conv1d_portable(x, weight, bias, splits, activation)

@@ -132,3 +132,22 @@ def test_cuda_fused_matches_portable():
         res.append([y, *torch.autograd.grad(y, leaves, go)])
     for a, r in zip(*res):
         assert ((a - r).norm() / r.norm()).item() < 1e-4
+
+
+def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(monkeypatch):
+    """Dispatch as on CUDA (a fake CUDA check) with a kernel that raises: the portable result
+    comes back and the kernel is not used again."""
+    from mmdinomamba.ops import _triton, bidir_conv
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError('no such GPU')
+
+    monkeypatch.setitem(_triton._cache, 'bidir_conv', broken)
+    monkeypatch.setattr(bidir_conv, '_on_cuda', lambda x: True)
+    x, w = torch.randn(1, 5, 6), torch.randn(2, 6, 4)
+    want = bidir_causal_conv1d_portable(x, w, None, (6, ))
+    for _ in range(2):
+        torch.testing.assert_close(bidir_causal_conv1d(x, w, None, (6, )), want)
+    assert calls == [1] and _triton._cache['bidir_conv'] is None
