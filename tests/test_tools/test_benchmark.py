@@ -36,3 +36,14 @@ def test_build_passes_the_fused_conv_switch_to_mamba_mixers_only():
     assert tool._build('dinovim-t', 'cpu', fused_conv=False).layers[0].mixer.fused_conv is False
     assert tool._build('dinovim-t', 'cpu').layers[0].mixer.fused_conv is True
     tool._build('vit-s', 'cpu', fused_conv=False)  # not a Mamba model: the switch is ignored
+
+
+def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):
+    trace = tmp_path / 'trace.json'
+    _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
+                  '--profile', 'dinovim-t', '32', 'fwd+bwd', '--trace', str(trace)])
+    table = capsys.readouterr().out
+    assert 'Self CPU' in table and '_ChunkedSSDBackward' in table  # the scan's backward ran
+    assert json.loads(trace.read_text())['traceEvents']
+    with pytest.raises(SystemExit, match='mode'):
+        _tool().main(['--device', 'cpu', '--profile', 'dinovim-t', '32', 'bwd'])

@@ -12,6 +12,8 @@ Example::
 
     python tools/analysis/benchmark.py --device cpu --archs vit-s dinovim-t --res 224 --batch 2
     python tools/analysis/benchmark.py --device cuda --res 224 512 1024 --batch 8 --amp
+    python tools/analysis/benchmark.py --device cuda --amp --batch 64 --iters 3 \
+        --profile dinovim-b 224 train --trace dinovim-b.json     # where does the time go?
 """
 import argparse
 import json
@@ -76,15 +78,21 @@ def _current_rss_kib() -> float:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024
 
 
-def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
-            amp: bool, compile_model: bool = False, fused_conv: bool = True) -> dict:
-    """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
+def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_model: bool,
+           fused_conv: bool):
+    """Model (in the mode's train/eval state), optimizer (train mode only) and input."""
     model = _build(name, device, fused_conv)
     model.train(mode != 'fwd')
     if compile_model:  # torch.compile the glue around the kernels
         model = torch.compile(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6) if mode == 'train' else None
-    x = torch.randn(batch, 3, res, res, device=device)
+    return model, optim, torch.randn(batch, 3, res, res, device=device)
+
+
+def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
+            amp: bool, compile_model: bool = False, fused_conv: bool = True) -> dict:
+    """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
+    model, optim, x = _setup(name, res, mode, batch, device, compile_model, fused_conv)
     _sync(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
@@ -107,6 +115,32 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
     params = sum(p.numel() for p in model.parameters()) / 1e6
     return dict(imgs=batch * iters / elapsed, mem=peak, params=params, batch=batch)
+
+
+def profile(args, rows: int = 25) -> str:
+    """Profile ``--iters`` steps of the one case ``--profile ARCH RES MODE`` (after
+    ``--warmup``) with ``torch.profiler``; returns the table of the most expensive operators
+    (by self CUDA time on CUDA, self CPU time otherwise) and writes a Chrome trace if asked."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    name, res, mode = args.profile[0], int(args.profile[1]), args.profile[2]
+    if mode not in MODES:
+        raise SystemExit(f'--profile: mode {mode!r} is not one of {MODES}')
+    model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
+                             not args.no_fused_conv)
+    for _ in range(args.warmup):
+        _step(model, x, mode, args.amp, optim)
+    _sync(args.device)
+    cuda = args.device.startswith('cuda')
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(args.iters):
+            _step(model, x, mode, args.amp, optim)
+        _sync(args.device)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+    key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def _batch_for(args, res: int) -> int:
@@ -188,12 +222,19 @@ def parse_args(argv=None):
                         help="DinoVim/MambaReg: the flip/cat/conv composition instead of our "
                         "fused bidirectional conv kernel (CUDA A/B; CPU is unaffected)")
     parser.add_argument('--json', help='also write the rows to this JSON file')
+    parser.add_argument('--profile', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
+                        help='instead of the table: profile one case (torch.profiler) and print '
+                        'the most expensive operators, e.g. --profile dinovim-b 224 train')
+    parser.add_argument('--trace', help='with --profile: also write a Chrome trace here')
     parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.profile:
+        print(profile(args))
+        return
     if args.one:
         name, res, mode = args.one
         print(json.dumps(measure(name, int(res), mode, args.batch[0], args.device, args.iters,
