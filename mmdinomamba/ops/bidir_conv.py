@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from ._triton import bidir_conv_fn, disable
-from .conv import causal_conv1d
+from .conv import causal_conv1d, check_activation
 
 __all__ = ['bidir_causal_conv1d']
 
@@ -29,13 +29,15 @@ def _on_cuda(x: Tensor) -> bool:
 def bidir_causal_conv1d_portable(x: Tensor, weight: Tensor, bias: Tensor | None,
                                  splits: Sequence[int], activation: str | None = 'silu') -> Tensor:
     """The specification of :func:`bidir_causal_conv1d` in plain PyTorch (flip, cat, conv)."""
-    pairs = zip(x.split(list(splits), dim=-1), x.flip(1).split(list(splits), dim=-1))
-    w = [t for pair in zip(weight[0].split(list(splits)), weight[1].split(list(splits)))
-         for t in pair]
-    b = None if bias is None else torch.cat(
-        [t for pair in zip(bias[0].split(list(splits)), bias[1].split(list(splits)))
-         for t in pair])
-    return causal_conv1d(torch.cat([t for pair in pairs for t in pair], dim=-1), torch.cat(w), b,
+    splits = list(splits)
+
+    def interleave(fwd: Tensor, bwd: Tensor, dim: int) -> Tensor:
+        """[fwd_0, bwd_0, fwd_1, bwd_1, ...] of the ``splits`` segments along ``dim``."""
+        pairs = zip(fwd.split(splits, dim=dim), bwd.split(splits, dim=dim))
+        return torch.cat([t for pair in pairs for t in pair], dim=dim)
+
+    b = None if bias is None else interleave(bias[0], bias[1], 0)
+    return causal_conv1d(interleave(x, x.flip(1), -1), interleave(weight[0], weight[1], 0), b,
                          activation=activation)
 
 
@@ -65,8 +67,7 @@ def bidir_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, splits: 
         Tensor: (B, L, 2C).
     """
     _check(x, weight, bias, splits)
-    if activation not in (None, 'silu', 'swish'):
-        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
+    check_activation(activation)
     if _on_cuda(x) and (fn := bidir_conv_fn()) is not None:
         try:
             return fn(x, weight, bias, tuple(splits), activation is not None)

@@ -28,22 +28,30 @@ def _dest(offs_c, S1, S2, C, d):
 
 
 @triton.jit
+def _tap(x_ptr, pid_b, offs_t, offs_c, mask_c, L, sxb, sxl, d: tl.constexpr, k: tl.constexpr,
+         K: tl.constexpr):
+    """(BL, BC) float32 inputs that tap ``k`` of direction ``d`` reads for output times
+    ``offs_t`` (zero before the start of the direction's sequence and past ``L``)."""
+    s = offs_t - (K - 1) + k
+    ok = (s >= 0) & (offs_t < L)
+    if d == 0:
+        src = s
+    else:
+        src = L - 1 - s
+    return tl.load(x_ptr + pid_b * sxb + src[:, None] * sxl + offs_c[None, :],
+                   mask=ok[:, None] & mask_c[None, :], other=0.).to(tl.float32)
+
+
+@triton.jit
 def _pre(x_ptr, w_ptr, b_ptr, pid_b, offs_t, offs_c, mask_c, L, C, sxb, sxl,
          d: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, BL: tl.constexpr,
          BC: tl.constexpr):
     """Pre-activation (BL, BC) of direction ``d`` at output times ``offs_t``."""
     acc = tl.zeros((BL, BC), dtype=tl.float32)
     for k in tl.static_range(K):
-        s = offs_t - (K - 1) + k
-        ok = (s >= 0) & (offs_t < L)
-        if d == 0:
-            src = s
-        else:
-            src = L - 1 - s
-        xv = tl.load(x_ptr + pid_b * sxb + src[:, None] * sxl + offs_c[None, :],
-                     mask=ok[:, None] & mask_c[None, :], other=0.)
+        xv = _tap(x_ptr, pid_b, offs_t, offs_c, mask_c, L, sxb, sxl, d, k, K)
         wv = tl.load(w_ptr + d * C * K + offs_c * K + k, mask=mask_c, other=0.)
-        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        acc += xv * wv.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + d * C + offs_c, mask=mask_c, other=0.).to(tl.float32)[None, :]
     return acc
@@ -98,14 +106,7 @@ def _bwd_pre_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, g_ptr, dw_ptr, db_ptr, L, C, S1
                  mask=mask)
         tl.store(db_ptr + (tile * 2 + d) * C + offs_c, tl.sum(g, axis=0), mask=mask_c)
         for k in tl.static_range(K):
-            s = offs_t - (K - 1) + k
-            ok = (s >= 0) & mask_t
-            if d == 0:
-                src = s
-            else:
-                src = L - 1 - s
-            xv = tl.load(x_ptr + pid_b * sxb + src[:, None] * sxl + offs_c[None, :],
-                         mask=ok[:, None] & mask_c[None, :], other=0.).to(tl.float32)
+            xv = _tap(x_ptr, pid_b, offs_t, offs_c, mask_c, L, sxb, sxl, d, k, K)
             tl.store(dw_ptr + ((tile * 2 + d) * C + offs_c) * K + k, tl.sum(g * xv, axis=0),
                      mask=mask_c)
 

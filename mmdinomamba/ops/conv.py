@@ -4,7 +4,13 @@ from torch import Tensor
 
 from ._triton import causal_conv1d_fn
 
-__all__ = ['causal_conv1d']
+__all__ = ['causal_conv1d', 'check_activation']
+
+
+def check_activation(activation: str | None) -> None:
+    """The activations the causal convs support: 'silu' (alias 'swish') or None."""
+    if activation not in (None, 'silu', 'swish'):
+        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
 
 
 def causal_conv1d(x: Tensor,
@@ -26,8 +32,7 @@ def causal_conv1d(x: Tensor,
     Returns:
         Tensor: (batch, length, channels).
     """
-    if activation not in (None, 'silu', 'swish'):
-        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
+    check_activation(activation)
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f'causal_conv1d: x must be (B, L, D) and weight (D, K), got '
                          f'{tuple(x.shape)} and {tuple(weight.shape)}')

@@ -85,14 +85,13 @@ class _GatedRMSNorm(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, z, weight = ctx.saved_tensors
         nbg = ctx.norm_before_gate
-        n, rstd, gate = _normalize(x, z, ctx.eps, ctx.group_size, nbg)
+        ng, rstd, gate = _normalize(x, z, ctx.eps, ctx.group_size, nbg)
+        n = ng.flatten(-2)
         go, w = grad_out.to(n.dtype), weight.to(n.dtype)
-        n = n.flatten(-2)
         # out = n * w (* gate if nbg); n = h * rstd per group, h = x (* gate if not nbg)
         gated_out = gate is not None and nbg
         dw = (go * n * gate if gated_out else go * n).reshape(-1, n.shape[-1]).sum(0)
         dn = (go * w * gate if gated_out else go * w).unflatten(-1, (-1, ctx.group_size))
-        ng = n.unflatten(-1, (-1, ctx.group_size))
         dh = (rstd * (dn - ng * (dn * ng).mean(dim=-1, keepdim=True))).flatten(-2)
         dx, dz = dh, None
         if gate is not None:
