@@ -1,5 +1,9 @@
-"""Shared pytest setup: deterministic, few threads, `gpu` marker skipped without CUDA."""
+"""Shared pytest setup: deterministic, few threads, `gpu` marker skipped without CUDA; a runner
+of scripts under Triton's CPU interpreter."""
+import importlib.util
 import os
+import subprocess
+import sys
 
 os.environ.setdefault('OMP_NUM_THREADS', '2')
 os.environ.setdefault('MKL_NUM_THREADS', '2')
@@ -10,6 +14,7 @@ import torch  # noqa: E402
 import mmdinomamba  # noqa: E402,F401  (registers modules, patches config scopes)
 
 torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,3 +50,22 @@ def _isolate_default_scope():
     yield
     DefaultScope._instance_dict.clear()
     DefaultScope._instance_dict.update(saved)
+
+
+@pytest.fixture
+def run_interpreted():
+    """``run(code) -> stdout`` of ``code`` run in a fresh Python with ``TRITON_INTERPRET=1``
+    (Triton kernels then run on CPU tensors); skips without Triton, fails with the script's
+    stderr if it exits non-zero."""
+    if importlib.util.find_spec('triton') is None:
+        pytest.skip('needs triton')
+
+    def run(code: str, timeout: int = 240) -> str:
+        path = os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p)
+        env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=path)
+        proc = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    return run

@@ -5,6 +5,7 @@ CUDA kernels are looked up on first use with CUDA tensors (``_triton.py``).
 """
 from ._triton import portable_ops
 from .bidir_conv import bidir_causal_conv1d
+from .bidir_merge import bidir_gated_merge
 from .conv import causal_conv1d
 from .norm import gated_rms_norm
 from .ssd import PORTABLE_CHUNK_SIZE, SSD_BACKENDS, ssd_scan
@@ -13,5 +14,6 @@ from .ssd_ref import ssd_mixing_matrix, ssd_scan_ref
 
 __all__ = [
     'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'gated_rms_norm',
-    'causal_conv1d', 'bidir_causal_conv1d', 'portable_ops', 'SSD_BACKENDS', 'PORTABLE_CHUNK_SIZE'
+    'causal_conv1d', 'bidir_causal_conv1d', 'bidir_gated_merge', 'portable_ops', 'SSD_BACKENDS',
+    'PORTABLE_CHUNK_SIZE'
 ]

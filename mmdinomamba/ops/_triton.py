@@ -6,7 +6,9 @@ Kernels (each looked up on first CUDA use, never at package import):
   kernels of ``mamba_ssm`` (``mamba_ssm/ops/triton/ssd_combined.py``, ``layernorm_gated.py``);
 * ``causal_conv1d_fn`` from the ``causal_conv1d`` package (CUDA build only);
 * ``bidir_causal_conv``, our own Triton kernel of both directions' causal conv + SiLU
-  (``bidir_conv_triton.py``), used after a one-off self-check against the portable path.
+  (``bidir_conv_triton.py``), and ``bidir_gated_merge``, our kernel of the output side (un-flip,
+  two gated RMSNorms, average; ``bidir_merge_triton.py``), each used after a one-off self-check
+  against the portable path.
 
 How ``mamba_ssm`` is reached: ``mamba_ssm==2.3.2.post1`` installed without its CUDA build (the
 pure-Python wheel, ``MAMBA_SKIP_CUDA_BUILD=TRUE``) cannot be imported as a package, because
@@ -135,3 +137,10 @@ def bidir_conv_fn() -> Callable | None:
     against the portable implementation), or None."""
     return _lookup('bidir_conv', 'mmdinomamba.ops.bidir_conv_triton', 'bidir_causal_conv',
                    'bidirectional causal conv', self_check=True)
+
+
+def bidir_merge_fn() -> Callable | None:
+    """Our fused Triton kernel of both directions' gated RMSNorm + average (after a
+    self-check against the portable implementation), or None."""
+    return _lookup('bidir_merge', 'mmdinomamba.ops.bidir_merge_triton', 'bidir_gated_merge',
+                   'bidirectional gated merge', self_check=True)

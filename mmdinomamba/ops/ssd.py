@@ -56,10 +56,9 @@ def ssd_scan(x: Tensor,
         try:
             return fn(x, dt, A, B, C, chunk_size, D=D)
         except Exception as err:  # e.g. a Triton compile error on this GPU: degrade, once
-            log_once(
-                'triton-run', f'mamba_chunk_scan_combined failed ({type(err).__name__}: '
+            _triton.disable(
+                'scan', f'mamba_chunk_scan_combined failed ({type(err).__name__}: '
                 f'{err}); using the portable PyTorch scan from now on')
-            _triton._cache['scan'] = None
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=min(chunk_size, PORTABLE_CHUNK_SIZE))
 
 

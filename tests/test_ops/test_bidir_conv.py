@@ -1,9 +1,5 @@
 """Both directions' causal convs in one call: the portable spec, the Triton kernel (through
 Triton's CPU interpreter) and the CUDA dispatch."""
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -11,8 +7,6 @@ import torch
 
 from mmdinomamba.ops import bidir_causal_conv1d, causal_conv1d, portable_ops
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _direct(x, weight, bias, splits, activation):
@@ -93,14 +87,8 @@ _INTERPRETED = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(importlib.util.find_spec('triton') is None, reason='needs triton')
-def test_triton_kernel_matches_spec_in_interpreter():
-    path = os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p)
-    env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, '-c', _INTERPRETED], env=env, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    worst = float(proc.stdout.split('WORST')[-1])
+def test_triton_kernel_matches_spec_in_interpreter(run_interpreted):
+    worst = float(run_interpreted(_INTERPRETED).split('WORST')[-1])
     assert worst < 1e-5, worst
 
 

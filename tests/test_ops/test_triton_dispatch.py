@@ -100,7 +100,7 @@ def test_kernel_failure_at_run_time_degrades(fresh_kernel_cache, monkeypatch):
         torch.randn(1, 9, 1, 3), None
     ]
     torch.testing.assert_close(ssd_scan(*args), ssd_scan(*args, backend='torch'))
-    assert 'triton-run' in _triton._logged and _triton._cache['scan'] is None
+    assert 'scan_disabled' in _triton._logged and _triton._cache['scan'] is None
 
 
 def test_portable_ops_context_hides_every_kernel(monkeypatch):

@@ -21,21 +21,27 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     out = tmp_path / 'rows.json'
     _tool().main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
                   '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--no-fused-conv',
-                  '--json', str(out)])
+                  '--no-fused-merge', '--json', str(out)])
     rows = {r['arch']: r for r in json.loads(out.read_text())}
     assert set(rows) == {'vit-s', 'dinovim-t'}  # the reference was added and measured
     assert rows['vit-s']['speed_ratio'] == 1.0
     d = rows['dinovim-t']
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
-    assert 'fused_conv=False' in capsys.readouterr().out
+    assert 'fused_conv=False fused_merge=False with_cp=False' in capsys.readouterr().out
 
 
-def test_build_passes_the_fused_conv_switch_to_mamba_mixers_only():
+def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
-    assert tool._build('dinovim-t', 'cpu', fused_conv=False).layers[0].mixer.fused_conv is False
-    assert tool._build('dinovim-t', 'cpu').layers[0].mixer.fused_conv is True
-    tool._build('vit-s', 'cpu', fused_conv=False)  # not a Mamba model: the switch is ignored
+    opts = tool.build_options(
+        tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--with-cp']))
+    model = tool._build('dinovim-t', 'cpu', opts)
+    assert not model.layers[0].mixer.fused_conv and not model.layers[0].mixer.fused_merge
+    assert model.with_cp
+    model = tool._build('dinovim-t', 'cpu', tool.build_options(tool.parse_args([])))
+    assert model.layers[0].mixer.fused_conv and model.layers[0].mixer.fused_merge
+    assert not model.with_cp
+    assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
 
 
 def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):

@@ -46,11 +46,25 @@ def reference_of(name: str) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-def _build(name: str, device: str, fused_conv: bool = True):
+def build_options(args) -> dict:
+    """Backbone options from the command line: ``mixer`` (overrides of the Mamba mixers'
+    fused-kernel switches) and ``with_cp`` (activation checkpointing per block)."""
+    mixer = {}
+    if args.no_fused_conv:
+        mixer['fused_conv'] = False
+    if args.no_fused_merge:
+        mixer['fused_merge'] = False
+    return dict(mixer=mixer, with_cp=args.with_cp)
+
+
+def _build(name: str, device: str, options: dict | None = None):
     from mmdinomamba.models import backbones
+    options = options or {}
     cfg = dict(ARCHS[name])
-    if not fused_conv and cfg['type'] in ('DinoVim', 'MambaReg'):
-        cfg['mixer_cfg'] = dict(fused_conv=False)
+    if options.get('mixer') and cfg['type'] in ('DinoVim', 'MambaReg'):
+        cfg['mixer_cfg'] = dict(options['mixer'])
+    if options.get('with_cp'):
+        cfg['with_cp'] = True
     return getattr(backbones, cfg.pop('type'))(**cfg, drop_path_rate=0.).to(device)
 
 
@@ -79,9 +93,9 @@ def _current_rss_kib() -> float:
 
 
 def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_model: bool,
-           fused_conv: bool):
+           options: dict | None):
     """Model (in the mode's train/eval state), optimizer (train mode only) and input."""
-    model = _build(name, device, fused_conv)
+    model = _build(name, device, options)
     model.train(mode != 'fwd')
     if compile_model:  # torch.compile the glue around the kernels
         model = torch.compile(model)
@@ -90,9 +104,10 @@ def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_mode
 
 
 def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
-            amp: bool, compile_model: bool = False, fused_conv: bool = True) -> dict:
-    """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M)."""
-    model, optim, x = _setup(name, res, mode, batch, device, compile_model, fused_conv)
+            amp: bool, compile_model: bool = False, options: dict | None = None) -> dict:
+    """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M).
+    ``options``: see :func:`build_options`."""
+    model, optim, x = _setup(name, res, mode, batch, device, compile_model, options)
     _sync(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
@@ -127,7 +142,7 @@ def profile(args, rows: int = 25) -> str:
     if mode not in MODES:
         raise SystemExit(f'--profile: mode {mode!r} is not one of {MODES}')
     model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
-                             not args.no_fused_conv)
+                             build_options(args))
     for _ in range(args.warmup):
         _step(model, x, mode, args.amp, optim)
     _sync(args.device)
@@ -158,7 +173,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
     if args.device.startswith('cuda'):
         try:
             return measure(name, res, mode, batch, args.device, args.iters, args.warmup,
-                           args.amp, args.compile, not args.no_fused_conv)
+                           args.amp, args.compile, build_options(args))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'), batch=batch)
@@ -166,7 +181,8 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    cmd += ['--no-fused-conv'] if args.no_fused_conv else []
+    for flag in ('no_fused_conv', 'no_fused_merge', 'with_cp'):
+        cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode:
         raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
@@ -195,12 +211,12 @@ def run(args) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}{"peak MiB":>11}'
-            f'{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
+    head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
+            f'{"peak MiB":>11}{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
     lines = [head, '-' * len(head)]
     for r in rows:
-        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}{r["params"]:>11.2f}'
-                     f'{r["imgs"]:>10.2f}{r["mem"]:>11.1f}{r["ref"]:>8}'
+        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
+                     f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}{r["ref"]:>8}'
                      f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
     return '\n'.join(lines)
 
@@ -221,6 +237,11 @@ def parse_args(argv=None):
     parser.add_argument('--no-fused-conv', action='store_true',
                         help="DinoVim/MambaReg: the flip/cat/conv composition instead of our "
                         "fused bidirectional conv kernel (CUDA A/B; CPU is unaffected)")
+    parser.add_argument('--no-fused-merge', action='store_true',
+                        help="DinoVim/MambaReg: flip + two gated RMSNorms + average as separate "
+                        "ops instead of our fused merge kernel (CUDA A/B; CPU is unaffected)")
+    parser.add_argument('--with-cp', action='store_true',
+                        help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--json', help='also write the rows to this JSON file')
     parser.add_argument('--profile', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
                         help='instead of the table: profile one case (torch.profiler) and print '
@@ -238,11 +259,12 @@ def main(argv=None) -> None:
     if args.one:
         name, res, mode = args.one
         print(json.dumps(measure(name, int(res), mode, args.batch[0], args.device, args.iters,
-                                 args.warmup, args.amp, args.compile, not args.no_fused_conv)))
+                                 args.warmup, args.amp, args.compile, build_options(args))))
         return
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} fused_conv={not args.no_fused_conv} '
+          f'fused_merge={not args.no_fused_merge} with_cp={args.with_cp} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:

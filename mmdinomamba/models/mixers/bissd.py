@@ -13,8 +13,10 @@ from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
 
-from mmdinomamba.ops import bidir_causal_conv1d, gated_rms_norm, ssd_mixing_matrix, ssd_scan
+from mmdinomamba.ops import (bidir_causal_conv1d, bidir_gated_merge, gated_rms_norm,
+                             ssd_mixing_matrix, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
+from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
 
 __all__ = ['BiSSD', 'GatedRMSNorm']
 
@@ -74,6 +76,10 @@ class BiSSD(BaseModule):
         fused_conv (bool): on CUDA, both directions' conv + SiLU in our fused Triton kernel
             (:func:`~mmdinomamba.ops.bidir_causal_conv1d`); False keeps the flip / cat /
             depthwise-conv composition (for A/B timing). Same result. Defaults to True.
+        fused_merge (bool): on CUDA, un-flip + both gated RMSNorms + average in our fused
+            Triton kernel (:func:`~mmdinomamba.ops.bidir_gated_merge`); False keeps the
+            flip / two norms / add composition (for A/B timing). Same result up to rounding.
+            Defaults to True.
         backend (str): SSD backend (see :func:`mmdinomamba.ops.ssd_scan`). Defaults to 'auto'.
         num_heads (int, optional): if given, must equal the derived ``nheads`` (a check for
             generic backbone code). Defaults to None.
@@ -98,6 +104,7 @@ class BiSSD(BaseModule):
                  norm_eps: float = 1e-5,
                  single_scan: bool = True,
                  fused_conv: bool = True,
+                 fused_merge: bool = True,
                  backend: str = 'auto',
                  num_heads: int | None = None,
                  init_cfg=None):
@@ -112,7 +119,7 @@ class BiSSD(BaseModule):
         self.embed_dims, self.d_inner, self.d_state = embed_dims, d_inner, d_state
         self.headdim, self.ngroups, self.num_heads = headdim, ngroups, d_inner // headdim
         self.chunk_size, self.single_scan, self.backend = chunk_size, single_scan, backend
-        self.fused_conv = fused_conv
+        self.fused_conv, self.fused_merge = fused_conv, fused_merge
         self.rmsnorm = rmsnorm
         h, conv_dim = self.num_heads, d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(embed_dims, 2 * d_inner + 2 * ngroups * d_state + h, bias=bias)
@@ -183,13 +190,13 @@ class BiSSD(BaseModule):
     def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
         """Mix tokens ``x`` (B, L, C) -> (B, L, C). ``hw`` is unused (1-D scan over L)."""
         z, xBC, dt = self._project(x)
-        y = self._scan(*self._scan_inputs(xBC, dt))
-        y_f = y[:, :, :self.num_heads].flatten(2)
-        y_b = y[:, :, self.num_heads:].flip(1).flatten(2)  # back to token order
-        if self.rmsnorm:
-            mixed = (self.norm(y_f, z) + self.norm_b(y_b, z)) / 2
-        else:
-            mixed = (y_f + y_b) / 2 * F.silu(z)
+        y = self._scan(*self._scan_inputs(xBC, dt))  # backward heads in flipped order
+        merge = bidir_gated_merge if self.fused_merge else bidir_gated_merge_portable
+        if self.rmsnorm:  # (norm(y_f, z) + norm_b(flip(y_b), z)) / 2
+            weight = torch.stack([self.norm.weight, self.norm_b.weight])
+            mixed = merge(y.flatten(2), z, weight, self.norm.eps, self.norm.group_size)
+        else:  # (y_f + flip(y_b)) / 2 * silu(z)
+            mixed = merge(y.flatten(2), z, None)
         return self.out_proj(mixed)
 
     @torch.no_grad()
