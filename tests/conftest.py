@@ -55,13 +55,15 @@ def _isolate_default_scope():
 @pytest.fixture
 def run_interpreted():
     """``run(code) -> stdout`` of ``code`` run in a fresh Python with ``TRITON_INTERPRET=1``
-    (Triton kernels then run on CPU tensors); skips without Triton, fails with the script's
-    stderr if it exits non-zero."""
+    (Triton kernels then run on CPU tensors; ``import kernel_interpreter`` routes the whole
+    CUDA fast path there); skips without Triton, fails with the script's stderr if it exits
+    non-zero."""
     if importlib.util.find_spec('triton') is None:
         pytest.skip('needs triton')
 
     def run(code: str, timeout: int = 240) -> str:
-        path = os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p)
+        tests = os.path.join(REPO, 'tests')  # for ``import kernel_interpreter``
+        path = os.pathsep.join(p for p in (REPO, tests, os.environ.get('PYTHONPATH')) if p)
         env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=path)
         proc = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,
                               text=True, timeout=timeout)
@@ -69,3 +71,20 @@ def run_interpreted():
         return proc.stdout
 
     return run
+
+
+@pytest.fixture
+def kernels_as_on_cuda(monkeypatch):
+    """``route(**kernels)``: CPU tensors take the dispatchers' kernel branch (as CUDA tensors
+    do), with exactly the given kernel-cache entries (e.g. ``bidir_merge=fn``) and every other
+    optional kernel absent; restored after the test."""
+    from mmdinomamba.ops import _triton
+
+    def route(**kernels):
+        monkeypatch.setattr(_triton, 'on_kernel_device', lambda x: True)
+        monkeypatch.setattr(_triton, '_cache', {
+            key: kernels.get(key)
+            for key in ('scan', 'norm', 'conv', 'bidir_conv', 'bidir_merge')
+        })
+
+    return route

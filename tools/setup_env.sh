@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtualenv with the measured OpenMMLab "stack B" recipe.
 #
-#   bash tools/setup_env.sh            # CPU environment in ./.venv
-#   bash tools/setup_env.sh --cuda     # also mamba-ssm (pure-Python Triton kernels)
+#   bash tools/setup_env.sh            # environment in ./.venv (CPU; GPU-ready)
+#
+# mamba-ssm is always installed, as a pure-Python package (~5 s): its Triton SSD kernels are the
+# CUDA scan, and the tests run them on CPU under Triton's interpreter. (``--cuda`` is accepted
+# and changes nothing, for older instructions.)
 #
 # Environment variables:
 #   VENV            where the virtualenv lives                (default: ./.venv)
@@ -14,8 +17,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 CACHE=${MMDM_CACHE:-$HOME/.cache/mmdinomamba}
-WITH_CUDA=0
-[[ "${1:-}" == "--cuda" ]] && WITH_CUDA=1
 
 TORCH=2.14.1
 TORCHVISION=0.29.1
@@ -26,7 +27,7 @@ log() { printf '[setup_env %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
 # The stamp records the recipe; when requirements change, the venv is brought up to date.
 recipe_hash=$(cat requirements/*.txt tools/setup_env.sh setup.py | sha1sum | cut -c1-12)
-stamp="$VENV/.mmdm-setup-$recipe_hash-cuda$WITH_CUDA"
+stamp="$VENV/.mmdm-setup-$recipe_hash"
 if [[ -f "$stamp" ]]; then
   log "environment $VENV is up to date ($stamp)"
   exit 0
@@ -90,13 +91,9 @@ if "$VENV/bin/python" -c 'import transformers' 2>/dev/null; then
   pip_run install -q "transformers<5"
 fi
 
-if [[ $WITH_CUDA == 1 ]]; then
-  log "step 5/5: mamba-ssm (pure Python, no CUDA build, no deps)"
-  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
-    pip_run install -q --no-build-isolation --no-deps mamba-ssm==2.3.2.post1
-else
-  log "step 5/5: skipped (mamba-ssm only with --cuda)"
-fi
+log "step 5/5: mamba-ssm (pure Python, no CUDA build, no deps)"
+MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
+  pip_run install -q --no-build-isolation --no-deps mamba-ssm==2.3.2.post1
 
 log "installing mmdinomamba in editable mode"
 pip_run install -q --no-deps --no-build-isolation -e .

@@ -53,6 +53,13 @@ def portable_ops() -> Iterator[None]:
         _portable_depth -= 1
 
 
+def on_kernel_device(x) -> bool:
+    """Whether ``x`` lives where the optional kernels run: CUDA. Every dispatcher asks this one
+    function, so the tests can send CPU tensors down the kernel path under Triton's CPU
+    interpreter (``TRITON_INTERPRET=1``) by replacing it."""
+    return x.is_cuda
+
+
 def log_once(key: str, msg: str) -> None:
     """Log ``msg`` through mmengine's current logger the first time ``key`` is seen."""
     if key in _logged:

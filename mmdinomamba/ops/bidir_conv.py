@@ -4,6 +4,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from . import _triton
 from ._triton import bidir_conv_fn, disable
 from .conv import causal_conv1d, check_activation
 
@@ -20,10 +21,6 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, splits: Sequence[int]
     if not 1 <= len(splits) <= 3 or sum(splits) != c or min(splits) < 1:
         raise ValueError(f'bidir_causal_conv1d: splits {list(splits)} must be 1-3 positive '
                          f'sizes adding up to C={c}')
-
-
-def _on_cuda(x: Tensor) -> bool:
-    return x.is_cuda
 
 
 def bidir_causal_conv1d_portable(x: Tensor, weight: Tensor, bias: Tensor | None,
@@ -68,7 +65,7 @@ def bidir_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, splits: 
     """
     _check(x, weight, bias, splits)
     check_activation(activation)
-    if _on_cuda(x) and (fn := bidir_conv_fn()) is not None:
+    if _triton.on_kernel_device(x) and (fn := bidir_conv_fn()) is not None:
         try:
             return fn(x, weight, bias, tuple(splits), activation is not None)
         except Exception as err:  # a kernel that fails here: use the spec from now on

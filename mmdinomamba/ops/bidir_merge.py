@@ -3,6 +3,7 @@ gate and normalize each direction, average."""
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _triton
 from ._triton import bidir_merge_fn, disable
 from .norm import gated_rms_norm
 
@@ -20,10 +21,6 @@ def _check(y: Tensor, z: Tensor, weight: Tensor | None, group_size: int | None) 
     if group_size < 1 or d % group_size:
         raise ValueError(f'bidir_gated_merge: group_size {group_size} must divide d={d}')
     return group_size
-
-
-def _on_cuda(x: Tensor) -> bool:
-    return x.is_cuda
 
 
 def bidir_gated_merge_portable(y: Tensor, z: Tensor, weight: Tensor | None, eps: float = 1e-5,
@@ -74,7 +71,7 @@ def bidir_gated_merge(y: Tensor,
         Tensor: (B, L, d) in the dtype of ``y``.
     """
     group_size = _check(y, z, weight, group_size)
-    if _on_cuda(y) and (fn := bidir_merge_fn()) is not None:
+    if _triton.on_kernel_device(y) and (fn := bidir_merge_fn()) is not None:
         try:
             return fn(y, z, weight, eps, group_size)
         except Exception as err:  # a kernel that fails here: use the spec from now on

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _triton
 from ._triton import rmsnorm_fn
 
 __all__ = ['gated_rms_norm']
@@ -39,9 +40,13 @@ def gated_rms_norm(x: Tensor,
     if d % group_size != 0 or weight.shape != (d, ):
         raise ValueError(f'gated_rms_norm: channels {d} must be divisible by group_size '
                          f'{group_size} and weight must be ({d},), got {tuple(weight.shape)}')
-    if x.is_cuda and (fn := rmsnorm_fn()) is not None:
-        return fn(
-            x, weight, None, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
+    if _triton.on_kernel_device(x) and (fn := rmsnorm_fn()) is not None:
+        try:
+            return fn(x, weight, None, z=z, eps=eps, group_size=group_size,
+                      norm_before_gate=norm_before_gate)
+        except Exception as err:  # a kernel that fails here: use the portable norm from now on
+            _triton.disable('norm', f'rmsnorm_fn failed ({type(err).__name__}: {err}); using '
+                            'the portable PyTorch gated RMSNorm')
     return _GatedRMSNorm.apply(x, z, weight, eps, group_size, norm_before_gate)
 
 

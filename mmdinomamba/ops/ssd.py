@@ -64,7 +64,7 @@ def ssd_scan(x: Tensor,
 
 def _triton_scan(x: Tensor, backend: str):
     """The Triton kernel if it applies to ``x``, else None (with a note if it was asked for)."""
-    if not x.is_cuda:
+    if not _triton.on_kernel_device(x):
         if backend == 'triton':
             log_once('triton-cpu', "backend='triton' needs CUDA tensors; using the portable "
                      'PyTorch scan')

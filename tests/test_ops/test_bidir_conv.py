@@ -122,18 +122,17 @@ def test_cuda_fused_matches_portable():
         assert ((a - r).norm() / r.norm()).item() < 1e-4
 
 
-def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(monkeypatch):
+def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cuda):
     """Dispatch as on CUDA (a fake CUDA check) with a kernel that raises: the portable result
     comes back and the kernel is not used again."""
-    from mmdinomamba.ops import _triton, bidir_conv
+    from mmdinomamba.ops import _triton
     calls = []
 
     def broken(*args):
         calls.append(1)
         raise RuntimeError('no such GPU')
 
-    monkeypatch.setitem(_triton._cache, 'bidir_conv', broken)
-    monkeypatch.setattr(bidir_conv, '_on_cuda', lambda x: True)
+    kernels_as_on_cuda(bidir_conv=broken)
     x, w = torch.randn(1, 5, 6), torch.randn(2, 6, 4)
     want = bidir_causal_conv1d_portable(x, w, None, (6, ))
     for _ in range(2):

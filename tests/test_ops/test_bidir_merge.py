@@ -96,16 +96,15 @@ def test_cpu_tensors_never_reach_the_kernel(monkeypatch):
     torch.testing.assert_close(bidir_gated_merge(y, z, w), bidir_gated_merge_portable(y, z, w))
 
 
-def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(monkeypatch):
-    from mmdinomamba.ops import _triton, bidir_merge
+def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cuda):
+    from mmdinomamba.ops import _triton
     calls = []
 
     def broken(*args):
         calls.append(1)
         raise RuntimeError('no such GPU')
 
-    monkeypatch.setitem(_triton._cache, 'bidir_merge', broken)
-    monkeypatch.setattr(bidir_merge, '_on_cuda', lambda x: True)
+    kernels_as_on_cuda(bidir_merge=broken)
     y, z, w = torch.randn(1, 5, 12), torch.randn(1, 5, 6), torch.randn(2, 6)
     want = bidir_gated_merge_portable(y, z, w)
     for _ in range(2):

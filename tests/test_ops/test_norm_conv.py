@@ -119,3 +119,26 @@ def test_gated_rms_norm_bf16_gradients_close_to_float32():
         grads.append([xs.grad.float(), zs.grad.float(), ws.grad])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize('key', ['norm', 'conv'])
+def test_a_library_kernel_that_fails_at_run_time_falls_back(kernels_as_on_cuda, key):
+    """mamba_ssm's rmsnorm_fn / causal_conv1d_fn raising at run time: the portable result comes
+    back, the kernel is dropped, nothing raises."""
+    from mmdinomamba.ops import _triton
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError('no kernel image for this GPU')
+
+    x, z, w, k = torch.randn(1, 6, 8), torch.randn(1, 6, 8), torch.randn(8), torch.randn(8, 4)
+
+    def op():
+        return gated_rms_norm(x, z, w, group_size=4) if key == 'norm' else causal_conv1d(x, k)
+
+    want = op()  # the portable path (CPU, not routed yet)
+    kernels_as_on_cuda(**{key: broken})
+    for _ in range(2):
+        torch.testing.assert_close(op(), want)
+    assert calls == [1] and _triton._cache[key] is None

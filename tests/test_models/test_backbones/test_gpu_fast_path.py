@@ -1,6 +1,10 @@
-"""GPU: DinoVim's fast path (Triton SSD, fused gated RMSNorm, causal_conv1d when installed) vs the
-portable path, both in bf16 autocast against a float64 run (issue: fast path <= ~2x the portable
-path's own bf16 error). Skipped without CUDA; run on a GPU with `pytest -m gpu`."""
+"""DinoVim's fast path (Triton SSD scan and gated RMSNorm of mamba_ssm, our fused conv and merge
+kernels) vs the portable path. On a GPU (``gpu`` marker, `pytest -m gpu`): both in bf16 autocast
+against a float64 run (issue: fast path <= ~2x the portable path's own bf16 error). On CPU: the
+same kernels under Triton's interpreter, float32."""
+import importlib.util
+import textwrap
+
 import pytest
 import torch
 
@@ -52,3 +56,59 @@ def test_dinovim_t_fast_path_matches_portable(hw):
     errs = [(n, _rel(g_fast[n], g64[n]), _rel(g_pt[n], g64[n])) for n in names]
     bad = [(n, a, b) for n, a, b in errs if b < 0.05 and a > 2 * b + 1e-3]
     assert not bad, bad[:5]
+
+
+_INTERPRETED = textwrap.dedent('''
+    import torch
+    import kernel_interpreter
+    from mmdinomamba.models.backbones import DinoVim
+    from mmdinomamba.ops import portable_ops, ssd_scan
+    print('KERNELS', kernel_interpreter.route())
+
+
+    def rel(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+    def run(model, x, w):
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        feats = torch.cat([o.flatten(1) for o in out], 1)
+        (feats * w).sum().backward()
+        return [feats.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+    torch.manual_seed(0)
+    worst = {}
+    # the scan alone: several chunks, a ragged last chunk, 2 groups, gradients of every input
+    args = [torch.randn(2, 70, 4, 16), torch.rand(2, 70, 4) * 0.5, -torch.rand(4) - 0.5,
+            torch.randn(2, 70, 2, 16), torch.randn(2, 70, 2, 16), torch.randn(4)]
+    go, res = torch.randn(2, 70, 4, 16), []
+    for backend in ('triton', 'torch'):
+        leaves = [a.clone().requires_grad_() for a in args]
+        y = ssd_scan(*leaves, chunk_size=32, backend=backend)
+        res.append([y, *torch.autograd.grad(y, leaves, go)])
+    worst['scan'] = max(rel(a, b) for a, b in zip(*res))
+    # a small DinoVim at a non-square size, output and every parameter gradient
+    cfg = dict(arch=dict(embed_dims=64, num_layers=2), patch_size=16, img_size=64,
+               mixer_cfg=dict(d_state=16, headdim=16, chunk_size=16), out_indices=(0, 1),
+               out_type='cls_token', drop_path_rate=0.)
+    model = DinoVim(**cfg)
+    x, w = torch.randn(2, 3, 80, 48), torch.randn(2, 128)
+    with portable_ops():
+        ref = run(model, x, w)
+    worst['dinovim'] = max(rel(a, b) for a, b in zip(run(model, x, w), ref))
+    print('WORST', worst['scan'], worst['dinovim'])
+''')
+
+
+def test_fast_path_matches_portable_in_triton_interpreter(run_interpreted):
+    """The whole CUDA fast path on CPU under Triton's interpreter: mamba_ssm's Triton SSD scan
+    and gated RMSNorm, our fused conv and merge kernels. Float32 only: the interpreter cannot do
+    ``tl.dot`` on bfloat16 (triton-lang/triton#11584), so the bf16 check stays a GPU test."""
+    if importlib.util.find_spec('mamba_ssm') is None:
+        pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
+    out = run_interpreted(_INTERPRETED, timeout=600)
+    assert "KERNELS ['bidir_conv', 'bidir_merge', 'norm', 'scan']" in out, out
+    scan, dinovim = map(float, out.split('WORST')[-1].split())
+    assert scan < 1e-5 and dinovim < 1e-5, (scan, dinovim)

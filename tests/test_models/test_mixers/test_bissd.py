@@ -197,9 +197,10 @@ def test_fused_kernel_switches_do_not_change_the_result(device, switch, rmsnorm)
 
 _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
     import torch
+    import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import _triton, bidir_conv, bidir_merge
-    from mmdinomamba.ops import bidir_conv_triton, bidir_merge_triton
+    from mmdinomamba.ops import _triton
+    print('KERNELS', kernel_interpreter.route(mamba=False))
     calls = []
 
     def counted(name, fn):
@@ -208,10 +209,8 @@ _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
             return fn(*args)
         return wrapper
 
-    # route CPU tensors to the kernels, as the dispatch does for CUDA tensors
-    _triton._cache['bidir_conv'] = counted('conv', bidir_conv_triton.bidir_causal_conv)
-    _triton._cache['bidir_merge'] = counted('merge', bidir_merge_triton.bidir_gated_merge)
-    bidir_conv._on_cuda = bidir_merge._on_cuda = lambda x: True
+    _triton._cache['bidir_conv'] = counted('conv', _triton._cache['bidir_conv'])
+    _triton._cache['bidir_merge'] = counted('merge', _triton._cache['bidir_merge'])
     torch.manual_seed(0)
     worst = 0.
     for rmsnorm, ngroups in ((True, 1), (True, 2), (False, 1)):
@@ -233,7 +232,9 @@ _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
 
 def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
     """The whole mixer (forward and every parameter gradient) through our fused conv and merge
-    kernels (Triton's CPU interpreter; the dispatch forced as on CUDA) vs the portable ops."""
+    kernels (Triton's CPU interpreter; the dispatch routed as on CUDA; portable scan and norm)
+    vs the portable ops."""
     out = run_interpreted(_FUSED_MIXER_INTERPRETED)
+    assert "KERNELS ['bidir_conv', 'bidir_merge']" in out, out
     assert "CALLS ['conv', 'merge'] 6" in out, out  # 3 mixers, each kernel once (fused=True)
     assert float(out.split('WORST')[-1]) < 1e-5

@@ -1,0 +1,47 @@
+"""Run the CUDA fast path on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``).
+
+Imported by the scripts the ``run_interpreted`` fixture runs in a fresh process. ``route()``
+sends CPU tensors down every dispatcher's kernel branch (``_triton.on_kernel_device``) with our
+fused kernels (after their self-checks) and, when ``mamba_ssm`` is installed, its Triton SSD
+scan and gated RMSNorm. ``mamba_ssm``'s host code asks CUDA for a device context, its SM count
+and autotuning timings; on CPU those three calls are answered here (a null context, 2 SMs, the
+first autotuning config). The kernels themselves run unchanged.
+"""
+import contextlib
+import importlib.util
+import os
+import types
+
+import torch
+
+assert os.environ.get('TRITON_INTERPRET') == '1', 'run with TRITON_INTERPRET=1'
+
+
+def _patch_cuda_host_calls() -> None:
+    import triton.runtime.autotuner as autotuner
+    torch.cuda.device = lambda index: contextlib.nullcontext()
+    torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(
+        multi_processor_count=2)
+    autotuner.Autotuner._bench = lambda self, *args, config=None, **kwargs: [0., 0., 0.]
+
+
+def has_mamba_ssm() -> bool:
+    return importlib.util.find_spec('mamba_ssm') is not None
+
+
+def route(mamba: bool = True) -> list:
+    """Route CPU tensors to the kernels; returns the names of the kernels in use. ``mamba``:
+    also ``mamba_ssm``'s scan and norm if installed (else the portable scan and norm)."""
+    from mmdinomamba.ops import _triton, bidir_conv_triton, bidir_merge_triton
+    _patch_cuda_host_calls()
+    bidir_conv_triton.self_check(device='cpu')
+    bidir_merge_triton.self_check(device='cpu')
+    cache = dict(conv=None, bidir_conv=bidir_conv_triton.bidir_causal_conv,
+                 bidir_merge=bidir_merge_triton.bidir_gated_merge, scan=None, norm=None)
+    _triton._cache.clear()
+    _triton._cache.update(cache)
+    if mamba and has_mamba_ssm():
+        del _triton._cache['scan'], _triton._cache['norm']
+        assert _triton.chunk_scan_fn() is not None and _triton.rmsnorm_fn() is not None
+    _triton.on_kernel_device = lambda x: True
+    return sorted(k for k, v in _triton._cache.items() if v is not None)
