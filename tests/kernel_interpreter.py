@@ -3,9 +3,10 @@
 Imported by the scripts the ``run_interpreted`` fixture runs in a fresh process. ``route()``
 sends CPU tensors down every dispatcher's kernel branch (``_triton.on_kernel_device``) with our
 fused kernels (after their self-checks) and, when ``mamba_ssm`` is installed, its Triton SSD
-scan and gated RMSNorm. ``mamba_ssm``'s host code asks CUDA for a device context, its SM count
-and autotuning timings; on CPU those three calls are answered here (a null context, 2 SMs, the
-first autotuning config). The kernels themselves run unchanged.
+scan and gated RMSNorm and our conv + scan function built on them. ``mamba_ssm``'s host code
+asks CUDA for a device context, its SM count and autotuning timings; on CPU those three calls are
+answered here (a null context, 2 SMs, the first autotuning config). The kernels themselves run
+unchanged.
 """
 import contextlib
 import importlib.util
@@ -37,11 +38,15 @@ def route(mamba: bool = True) -> list:
     bidir_conv_triton.self_check(device='cpu')
     bidir_merge_triton.self_check(device='cpu')
     cache = dict(conv=None, bidir_conv=bidir_conv_triton.bidir_causal_conv,
-                 bidir_merge=bidir_merge_triton.bidir_gated_merge, scan=None, norm=None)
+                 bidir_merge=bidir_merge_triton.bidir_gated_merge, scan=None, norm=None,
+                 conv_scan=None)
     _triton._cache.clear()
     _triton._cache.update(cache)
+    _triton.on_kernel_device = lambda x: True
     if mamba and has_mamba_ssm():
         del _triton._cache['scan'], _triton._cache['norm']
         assert _triton.chunk_scan_fn() is not None and _triton.rmsnorm_fn() is not None
-    _triton.on_kernel_device = lambda x: True
+        from mmdinomamba.ops import bidir_conv_scan_triton
+        bidir_conv_scan_triton.self_check(device='cpu')  # against the routed composition
+        _triton._cache['conv_scan'] = bidir_conv_scan_triton.bidir_conv_scan
     return sorted(k for k, v in _triton._cache.items() if v is not None)

@@ -5,6 +5,7 @@ CUDA kernels are looked up on first use with CUDA tensors (``_triton.py``).
 """
 from ._triton import portable_ops
 from .bidir_conv import bidir_causal_conv1d
+from .bidir_conv_scan import bidir_conv_scan
 from .bidir_merge import bidir_gated_merge
 from .conv import causal_conv1d
 from .norm import gated_rms_norm
@@ -14,6 +15,6 @@ from .ssd_ref import ssd_mixing_matrix, ssd_scan_ref
 
 __all__ = [
     'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'gated_rms_norm',
-    'causal_conv1d', 'bidir_causal_conv1d', 'bidir_gated_merge', 'portable_ops', 'SSD_BACKENDS',
-    'PORTABLE_CHUNK_SIZE'
+    'causal_conv1d', 'bidir_causal_conv1d', 'bidir_conv_scan', 'bidir_gated_merge',
+    'portable_ops', 'SSD_BACKENDS', 'PORTABLE_CHUNK_SIZE'
 ]

@@ -8,7 +8,10 @@ Kernels (each looked up on first CUDA use, never at package import):
 * ``bidir_causal_conv``, our own Triton kernel of both directions' causal conv + SiLU
   (``bidir_conv_triton.py``), and ``bidir_gated_merge``, our kernel of the output side (un-flip,
   two gated RMSNorms, average; ``bidir_merge_triton.py``), each used after a one-off self-check
-  against the portable path.
+  against the portable path;
+* ``bidir_conv_scan``: our conv kernel and ``mamba_ssm``'s SSD forward / backward as one autograd
+  function that recomputes the conv in the backward pass (``bidir_conv_scan_triton.py``), after
+  a self-check against the composition.
 
 How ``mamba_ssm`` is reached: ``mamba_ssm==2.3.2.post1`` installed without its CUDA build (the
 pure-Python wheel, ``MAMBA_SKIP_CUDA_BUILD=TRUE``) cannot be imported as a package, because
@@ -69,7 +72,7 @@ def log_once(key: str, msg: str) -> None:
     print_log(f'mmdinomamba.ops: {msg}', logger='current')
 
 
-def _import_mamba_module(name: str) -> types.ModuleType:
+def import_mamba_module(name: str) -> types.ModuleType:
     """Import a ``mamba_ssm`` submodule, bypassing a broken ``mamba_ssm/__init__.py``."""
     if importlib.util.find_spec('mamba_ssm') is None:
         raise ImportError('mamba_ssm is not installed')
@@ -102,7 +105,7 @@ def _lookup(key: str, module: str, attr: str, what: str,
         try:
             if module.startswith('mamba_ssm'):
                 importlib.import_module('triton')
-                fn = getattr(_import_mamba_module(module), attr)
+                fn = getattr(import_mamba_module(module), attr)
             else:
                 mod = importlib.import_module(module)
                 if self_check:
@@ -151,3 +154,12 @@ def bidir_merge_fn() -> Callable | None:
     self-check against the portable implementation), or None."""
     return _lookup('bidir_merge', 'mmdinomamba.ops.bidir_merge_triton', 'bidir_gated_merge',
                    'bidirectional gated merge', self_check=True)
+
+
+def conv_scan_fn() -> Callable | None:
+    """Both directions' conv + SSD scan as one autograd function that recomputes the conv
+    (our conv kernel and ``mamba_ssm``'s scan, after a self-check), or None."""
+    if bidir_conv_fn() is None or chunk_scan_fn() is None:
+        return None
+    return _lookup('conv_scan', 'mmdinomamba.ops.bidir_conv_scan_triton', 'bidir_conv_scan',
+                   'fused conv + scan with conv recomputation', self_check=True)

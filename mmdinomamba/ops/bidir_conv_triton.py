@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ['bidir_causal_conv', 'self_check']
+__all__ = ['bidir_causal_conv', 'conv_fwd', 'conv_bwd', 'self_check']
 
 BLOCK_L, BLOCK_C = 32, 64
 
@@ -142,48 +142,61 @@ def _bounds(splits, C):
     return s1, s2
 
 
+def conv_fwd(x, weight, bias, splits, act):
+    """Forward without autograd: (B, L, C) -> (B, L, 2C) (see ``bidir_causal_conv``)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    B, L, C = x.shape
+    K = weight.shape[-1]
+    w = weight.contiguous()
+    b = bias.contiguous() if bias is not None else w  # dummy pointer when no bias
+    y = torch.empty(B, L, 2 * C, device=x.device, dtype=x.dtype)
+    s1, s2 = _bounds(splits, C)
+    grid = (B, triton.cdiv(L, BLOCK_L), triton.cdiv(C, BLOCK_C))
+    _fwd_kernel[grid](x, w, b, y, L, C, s1, s2, x.stride(0), x.stride(1), y.stride(0),
+                      y.stride(1), K=K, HAS_BIAS=bias is not None, ACT=act, BL=BLOCK_L,
+                      BC=BLOCK_C)
+    return y
+
+
+def conv_bwd(x, weight, bias, dy, splits, act):
+    """Backward without autograd: -> (dx, dweight, dbias or None)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    B, L, C = x.shape
+    K = weight.shape[-1]
+    w = weight.contiguous()
+    dy = dy.contiguous()
+    s1, s2 = _bounds(splits, C)
+    n_lblk = triton.cdiv(L, BLOCK_L)
+    grid = (B, n_lblk, triton.cdiv(C, BLOCK_C))
+    g = torch.empty(B, L, 2, C, device=x.device, dtype=torch.float32)
+    dw = torch.empty(B * n_lblk, 2, C, K, device=x.device, dtype=torch.float32)
+    db = torch.empty(B * n_lblk, 2, C, device=x.device, dtype=torch.float32)
+    b = bias.contiguous() if bias is not None else w
+    _bwd_pre_kernel[grid](x, w, b, dy, g, dw, db, L, C, s1, s2, x.stride(0), x.stride(1),
+                          dy.stride(0), dy.stride(1), n_lblk, K=K, HAS_BIAS=bias is not None,
+                          ACT=act, BL=BLOCK_L, BC=BLOCK_C)
+    dx = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
+    _bwd_x_kernel[grid](g, w, dx, L, C, dx.stride(0), dx.stride(1), K=K, BL=BLOCK_L,
+                        BC=BLOCK_C)
+    dbias = None if bias is None else db.sum(0).to(bias.dtype)
+    return dx, dw.sum(0).to(weight.dtype), dbias
+
+
 class _BidirConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, splits, act):
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        B, L, C = x.shape
-        K = weight.shape[-1]
-        w = weight.contiguous()
-        b = bias.contiguous() if bias is not None else w  # dummy pointer when no bias
-        y = torch.empty(B, L, 2 * C, device=x.device, dtype=x.dtype)
-        s1, s2 = _bounds(splits, C)
-        grid = (B, triton.cdiv(L, BLOCK_L), triton.cdiv(C, BLOCK_C))
-        _fwd_kernel[grid](x, w, b, y, L, C, s1, s2, x.stride(0), x.stride(1), y.stride(0),
-                          y.stride(1), K=K, HAS_BIAS=bias is not None, ACT=act, BL=BLOCK_L,
-                          BC=BLOCK_C)
-        ctx.save_for_backward(x, w, bias)
+        ctx.save_for_backward(x, weight, bias)
         ctx.splits, ctx.act = splits, act
-        return y
+        return conv_fwd(x, weight, bias, splits, act)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, w, bias = ctx.saved_tensors
-        B, L, C = x.shape
-        K = w.shape[-1]
-        dy = dy.contiguous()
-        s1, s2 = _bounds(ctx.splits, C)
-        n_lblk = triton.cdiv(L, BLOCK_L)
-        grid = (B, n_lblk, triton.cdiv(C, BLOCK_C))
-        g = torch.empty(B, L, 2, C, device=x.device, dtype=torch.float32)
-        dw = torch.empty(B * n_lblk, 2, C, K, device=x.device, dtype=torch.float32)
-        db = torch.empty(B * n_lblk, 2, C, device=x.device, dtype=torch.float32)
-        b = bias if bias is not None else w
-        _bwd_pre_kernel[grid](x, w, b, dy, g, dw, db, L, C, s1, s2, x.stride(0), x.stride(1),
-                              dy.stride(0), dy.stride(1), n_lblk, K=K,
-                              HAS_BIAS=bias is not None, ACT=ctx.act, BL=BLOCK_L, BC=BLOCK_C)
-        dx = torch.empty(B, L, C, device=x.device, dtype=x.dtype)
-        _bwd_x_kernel[grid](g, w, dx, L, C, dx.stride(0), dx.stride(1), K=K, BL=BLOCK_L,
-                            BC=BLOCK_C)
-        dbias = None if bias is None else db.sum(0).to(bias.dtype)
-        return dx, dw.sum(0).to(w.dtype), dbias, None, None
+        x, weight, bias = ctx.saved_tensors
+        return (*conv_bwd(x, weight, bias, dy, ctx.splits, ctx.act), None, None)
 
 
 def bidir_causal_conv(x, weight, bias, splits, act):

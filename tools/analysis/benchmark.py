@@ -54,6 +54,8 @@ def build_options(args) -> dict:
         mixer['fused_conv'] = False
     if args.no_fused_merge:
         mixer['fused_merge'] = False
+    if args.no_recompute_conv:
+        mixer['recompute_conv'] = False
     return dict(mixer=mixer, with_cp=args.with_cp)
 
 
@@ -181,7 +183,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in ('no_fused_conv', 'no_fused_merge', 'with_cp'):
+    for flag in ('no_fused_conv', 'no_fused_merge', 'no_recompute_conv', 'with_cp'):
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode:
@@ -240,6 +242,9 @@ def parse_args(argv=None):
     parser.add_argument('--no-fused-merge', action='store_true',
                         help="DinoVim/MambaReg: flip + two gated RMSNorms + average as separate "
                         "ops instead of our fused merge kernel (CUDA A/B; CPU is unaffected)")
+    parser.add_argument('--no-recompute-conv', action='store_true',
+                        help='DinoVim/MambaReg: keep the conv output for the backward pass instead '
+                        'of recomputing it (CUDA A/B of memory and speed; CPU is unaffected)')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--json', help='also write the rows to this JSON file')
@@ -264,7 +269,8 @@ def main(argv=None) -> None:
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} fused_conv={not args.no_fused_conv} '
-          f'fused_merge={not args.no_fused_merge} with_cp={args.with_cp} '
+          f'fused_merge={not args.no_fused_merge} recompute_conv={not args.no_recompute_conv} '
+          f'with_cp={args.with_cp} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:

@@ -9,8 +9,8 @@ kernel and (b) plain PyTorch in bf16 (the portable chunked scan with ``upcast=Fa
 output and every gradient, with the ratio (a)/(b) (acceptance: <= ~2); then the same mixer run
 through the CUDA path and the portable path (float32 and bf16 autocast); then timings
 (forward + backward, CUDA events) of the scan and of one BiSSD layer (one scan call for both
-directions vs two, fused conv / merge kernels vs separate ops). Exits with status 0 and a note
-when CUDA is not available, 1 when a check fails.
+directions vs two, fused conv / merge kernels vs separate ops, conv recomputed or kept, with
+peak memory). Exits with status 0 and a note when CUDA is not available, 1 when a check fails.
 """
 import argparse
 import sys
@@ -112,16 +112,24 @@ def timings(quick):
             print(f'scan fwd+bwd B={batch} L={length} h={heads} {backend:<6}: {ms:8.2f} ms')
     m = BiSSD(768).cuda()
     x = torch.randn(64 if not quick else 8, 197, 768, device='cuda', requires_grad=True)
-    for single, conv, merge in ((True, True, True), (True, False, True), (True, True, False),
-                                (True, False, False), (False, True, True)):
+    for single, conv, merge, recompute in ((True, True, True, True), (True, True, True, False),
+                                           (True, False, True, False), (True, True, False, True),
+                                           (True, False, False, False), (False, True, True, False)):
         m.single_scan, m.fused_conv, m.fused_merge = single, conv, merge
+        m.recompute_conv = recompute
 
         def step():
             with torch.autocast('cuda', dtype=torch.bfloat16):
                 m(x).float().sum().backward()
 
+        ms = timeit(step)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
-              f'fused_conv={conv} fused_merge={merge}: {timeit(step):8.2f} ms')
+              f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute}: '
+              f'{ms:8.2f} ms, peak {peak:7.1f} MiB')
 
 
 def main():

@@ -104,11 +104,12 @@ _INTERPRETED = textwrap.dedent('''
 
 def test_fast_path_matches_portable_in_triton_interpreter(run_interpreted):
     """The whole CUDA fast path on CPU under Triton's interpreter: mamba_ssm's Triton SSD scan
-    and gated RMSNorm, our fused conv and merge kernels. Float32 only: the interpreter cannot do
-    ``tl.dot`` on bfloat16 (triton-lang/triton#11584), so the bf16 check stays a GPU test."""
+    and gated RMSNorm, our fused conv, merge and conv + scan (recomputing) kernels. Float32
+    only: the interpreter cannot do ``tl.dot`` on bfloat16 (triton-lang/triton#11584), so the
+    bf16 check stays a GPU test."""
     if importlib.util.find_spec('mamba_ssm') is None:
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
     out = run_interpreted(_INTERPRETED, timeout=600)
-    assert "KERNELS ['bidir_conv', 'bidir_merge', 'norm', 'scan']" in out, out
+    assert "KERNELS ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in out, out
     scan, dinovim = map(float, out.split('WORST')[-1].split())
     assert scan < 1e-5 and dinovim < 1e-5, (scan, dinovim)

@@ -1,4 +1,5 @@
 """BiSSD: both directions used, mixing matrices exact, official parameter names and counts."""
+import importlib.util
 import textwrap
 
 import pytest
@@ -238,3 +239,62 @@ def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
     assert "KERNELS ['bidir_conv', 'bidir_merge']" in out, out
     assert "CALLS ['conv', 'merge'] 6" in out, out  # 3 mixers, each kernel once (fused=True)
     assert float(out.split('WORST')[-1]) < 1e-5
+
+
+_RECOMPUTE_INTERPRETED = textwrap.dedent('''
+    import torch
+    import kernel_interpreter
+    from mmdinomamba.models.mixers import BiSSD
+    from mmdinomamba.ops import portable_ops
+    print('KERNELS', kernel_interpreter.route())
+
+
+    def saved_bytes(fn):
+        """Bytes of the distinct storages autograd keeps for backward while ``fn`` runs."""
+        storages = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+        return out, sum(storages.values())
+
+
+    torch.manual_seed(0)
+    m = BiSSD(64, d_state=16, headdim=16, chunk_size=16)
+    x = torch.randn(1, 21, 64, requires_grad=True)
+    res, mem = [], {}
+    for mode in ('recompute', 'keep', 'portable'):
+        m.recompute_conv = mode == 'recompute'
+        m.zero_grad()
+        x.grad = None
+        if mode == 'portable':
+            with portable_ops():
+                y, mem[mode] = saved_bytes(lambda: m(x))
+                y.square().mean().backward()
+        else:
+            y, mem[mode] = saved_bytes(lambda: m(x))
+            y.square().mean().backward()
+        res.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])
+    print('WORST', max(((a - b).norm() / b.norm()).item() for r in res[:2]
+                       for a, b in zip(r, res[2])))
+    conv_bytes = 21 * 2 * (128 + 2 * 16) * 4  # (B, L, 2 * (d_inner + 2 * d_state)) float32
+    print('SAVED', mem['keep'] - mem['recompute'], conv_bytes)
+''')
+
+
+def test_conv_recomputation_keeps_less_and_computes_the_same(run_interpreted):
+    """The kernel path with the conv recomputed in backward (mamba_ssm's scan and our conv
+    kernel in one autograd function, Triton's CPU interpreter) vs keeping the conv output vs
+    the portable path: same output and gradients; autograd keeps at least the conv output's
+    bytes less."""
+    if importlib.util.find_spec('mamba_ssm') is None:
+        pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
+    out = run_interpreted(_RECOMPUTE_INTERPRETED)
+    assert "'conv_scan'" in out.split('KERNELS')[-1].splitlines()[0], out
+    assert float(out.split('WORST')[-1].split()[0]) < 1e-5
+    less, conv_bytes = map(int, out.split('SAVED')[-1].split())
+    assert less >= conv_bytes, (less, conv_bytes)
