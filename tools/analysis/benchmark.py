@@ -82,6 +82,7 @@ def _step(model, x, mode: str, amp: bool, optim=None) -> None:
                 model(x)
             return
         out = model(x)
+    out = (out, ) if torch.is_tensor(out) else out
     sum(o.float().sum() for o in out).backward()
     if optim is not None:
         optim.step()
@@ -110,6 +111,15 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M).
     ``options``: see :func:`build_options`."""
     model, optim, x = _setup(name, res, mode, batch, device, compile_model, options)
+    return time_steps(model, optim, x, mode, device, iters, warmup, amp)
+
+
+def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
+               amp: bool) -> dict:
+    """img/s (median step time), peak memory (MiB) beyond what was allocated before the first
+    step, and params (M) of ``model`` on input ``x`` (any model whose output is a tensor or a
+    tuple of tensors; ``optim`` only in 'train' mode)."""
+    batch = x.shape[0]
     _sync(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
@@ -126,12 +136,15 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
         _sync(device)
         times.append(time.perf_counter() - start)
     elapsed = iters * sorted(times)[len(times) // 2]
+    total = float('nan')
     if device.startswith('cuda'):
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        total = torch.cuda.max_memory_allocated() / 2**20  # with the model and input
+        peak = total - base / 2**20
     else:  # ru_maxrss is in KiB on Linux
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    return dict(imgs=batch * iters / elapsed, mem=peak, params=params, batch=batch)
+    return dict(imgs=batch * iters / elapsed, mem=peak, mem_total=total, params=params,
+                batch=batch)
 
 
 def profile(args, rows: int = 25) -> str:
@@ -178,7 +191,8 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
                            args.amp, args.compile, build_options(args))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
-            return dict(imgs=float('nan'), mem=float('nan'), params=float('nan'), batch=batch)
+            return dict(imgs=float('nan'), mem=float('nan'), mem_total=float('nan'),
+                        params=float('nan'), batch=batch)
     cmd = [sys.executable, __file__, '--one', name, str(res), mode, '--batch', str(batch),
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
@@ -213,12 +227,15 @@ def run(args) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
+    """Rows as a text table; ``peak MiB`` is the growth during the steps, ``total MiB`` (CUDA
+    only) the whole peak allocation including the model and input."""
     head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
-            f'{"peak MiB":>11}{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
+            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
     lines = [head, '-' * len(head)]
     for r in rows:
         lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
-                     f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}{r["ref"]:>8}'
+                     f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}'
+                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>8}'
                      f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
     return '\n'.join(lines)
 

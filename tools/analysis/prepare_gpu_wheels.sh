@@ -14,6 +14,11 @@
 #   # then, with the device tool: carry ['.whl'] and run
 #   bash tools/analysis/gpu_session.sh all --res 224 512 1024 --batch 64 16 4 --modes train
 #
+#   bash tools/analysis/prepare_gpu_wheels.sh --official # also, for bench_official.py:
+#   # .external/Dino-Mamba (the three model files of the official code, from a `fetch`ed mirror
+#   # at $DINOMAMBA_GIT_DIR) and .external/causal_conv1d-1.7.0.tar.gz (built on the GPU machine
+#   # by `gpu_session.sh official`); carry ['.whl', '.external']. Never committed (.gitignore).
+#
 # Needs the project venv (tools/setup_env.sh) for the two local builds; about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,3 +53,20 @@ for w in "$OUT"/*.whl; do
 done
 du -ch "$OUT"/*.whl | tail -1
 ls "$OUT"
+
+if [[ "${1:-}" == "--official" ]]; then
+  git_dir=${DINOMAMBA_GIT_DIR:-/work/.mirror/yangtiming+Dino-Mamba/repo}
+  if [[ ! -d "$git_dir" ]]; then
+    echo "no Dino-Mamba mirror at $git_dir (fetch it, or set DINOMAMBA_GIT_DIR)" >&2
+    exit 1
+  fi
+  mkdir -p .external/Dino-Mamba
+  for f in models_vim.py mamba2.py rope.py; do
+    git --git-dir="$git_dir" show "HEAD:$f" > ".external/Dino-Mamba/$f"
+  done
+  if ! ls .external/causal_conv1d-*.tar.gz >/dev/null 2>&1; then
+    "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation -d .external \
+      causal-conv1d==1.7.0 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+  fi
+  ls .external .external/Dino-Mamba
+fi

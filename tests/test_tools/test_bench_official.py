@@ -1,0 +1,34 @@
+"""tools/analysis/bench_official.py: what it needs is named before any GPU work."""
+import importlib.util
+import os.path as osp
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        'bench_official', osp.join(REPO, 'tools/analysis/bench_official.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_missing_snapshot_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=f'{tmp_path}.*has no models_vim.py'):
+        _tool().main(['--repo', str(tmp_path)])
+
+
+def test_missing_packages_are_named(tmp_path, monkeypatch):
+    (tmp_path / 'models_vim.py').write_text('raise AssertionError("must not be imported")\n')
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: None if name == 'causal_conv1d' else real(name, *a))
+    with pytest.raises(SystemExit, match='needs .*causal_conv1d'):
+        _tool().main(['--repo', str(tmp_path)])
+
+
+def test_batch_per_resolution(tmp_path):
+    with pytest.raises(SystemExit, match='one value per --res'):
+        _tool().main(['--repo', str(tmp_path), '--res', '224', '512', '--batch', '64'])

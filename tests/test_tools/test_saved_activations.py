@@ -1,0 +1,41 @@
+"""tools/analysis/saved_activations.py: the saved-bytes accounting and the per-layer isolation."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        'saved_activations', osp.join(REPO, 'tools/analysis/saved_activations.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_saved_bytes_counts_each_storage_once():
+    a = torch.randn(3, 5, requires_grad=True)
+    b = torch.randn(3, 5, requires_grad=True)
+    # a * b saves a and b; a[0] * b[0] saves views of the same storages
+    assert _tool().saved_bytes(lambda: ((a * b).sum() + (a[0] * b[0]).sum())) == 2 * 15 * 4
+
+
+def test_per_layer_bytes_are_proportional_to_tokens():
+    """What one portable DinoVim-T layer keeps per image grows with the token count (parameters
+    and the stem cancel out of the four-run difference)."""
+    tool = _tool()
+    small = tool.per_layer_image('t', 32, 'portable', 'cpu')  # 5 tokens
+    assert tool.per_layer_image('t', 32, 'keep', 'cpu') == small  # CPU: kernels unused
+    large = tool.per_layer_image('t', 64, 'portable', 'cpu')  # 17 tokens
+    assert small > 0
+    assert large / 17 == pytest.approx(small / 5, rel=0.15)
+
+
+def test_no_gpu_without_interpret_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip('has CUDA')
+    with pytest.raises(SystemExit, match='--interpret'):
+        _tool().main(['--arch', 't', '--res', '32'])

@@ -1,0 +1,98 @@
+"""Train-step speed and memory of the official Dino-Mamba model next to our DinoVim, in one run.
+
+The official code is never part of this repository. For a GPU session, put a snapshot of
+``yangtiming/Dino-Mamba`` in the ignored folder ``.external/Dino-Mamba`` (``prepare_gpu_wheels.sh
+--official`` does it from a fetched mirror) and have ``causal_conv1d`` installed: the official
+bidirectional mixer exists only in ``mamba_ssm``'s fused path, which calls it. ``timm`` and
+``einops`` come with the GPU image. Both models are timed by the same loop as
+``benchmark.py`` (bf16 autocast, AdamW, forward + backward + step, median step time), with
+drop path 0 and no classification head::
+
+    python tools/analysis/bench_official.py --repo .external/Dino-Mamba --arch b \
+        --res 224 512 1024 --batch 64 16 4
+"""
+import argparse
+import importlib
+import importlib.util
+import os.path as osp
+import sys
+
+import torch
+
+HERE = osp.dirname(osp.abspath(__file__))
+ARCH_NAMES = dict(t='tiny', s='small', b='base')
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location('benchmark', osp.join(HERE, 'benchmark.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def official_factory(repo: str, arch: str):
+    """``res -> model``: the official ``vim_<arch>_patch16_224`` (no head, drop path 0) built for
+    inputs of ``res`` pixels, with a clear error for what is missing."""
+    if not osp.isfile(osp.join(repo, 'models_vim.py')):
+        raise SystemExit(f'bench_official: {repo!r} has no models_vim.py; put a snapshot of '
+                         'yangtiming/Dino-Mamba there (prepare_gpu_wheels.sh --official)')
+    missing = [m for m in ('timm', 'einops', 'causal_conv1d', 'mamba_ssm')
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f'bench_official: the official model needs {", ".join(missing)} '
+                         'installed (causal_conv1d: build it on the GPU machine, see the README)')
+    from mmdinomamba.ops._triton import import_mamba_module
+    # mamba_ssm 2.3.2.post1 without its CUDA build: make its kernel modules importable first
+    import_mamba_module('mamba_ssm.ops.triton.ssd_combined')
+    sys.path.insert(0, osp.abspath(repo))
+    factory = getattr(importlib.import_module('models_vim'), f'vim_{ARCH_NAMES[arch]}_patch16_224')
+
+    def build(res: int):
+        return factory(num_classes=0, drop_path_rate=0., img_size=res)
+
+    return build
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--repo', default='.external/Dino-Mamba')
+    parser.add_argument('--arch', default='b', choices=sorted(ARCH_NAMES))
+    parser.add_argument('--res', type=int, nargs='+', default=[224, 512, 1024])
+    parser.add_argument('--batch', type=int, nargs='+', default=[64, 16, 4],
+                        help='one batch size per --res value')
+    parser.add_argument('--iters', type=int, default=10)
+    parser.add_argument('--warmup', type=int, default=3)
+    args = parser.parse_args(argv)
+    if len(args.batch) != len(args.res):
+        raise SystemExit(f'--batch: give one value per --res ({len(args.res)}), got {args.batch}')
+    build_official = official_factory(args.repo, args.arch)
+    if not torch.cuda.is_available():
+        raise SystemExit('bench_official: needs a CUDA device (the official code has no CPU '
+                         'path)')
+    bench = _benchmark()
+    ours = f'dinovim-{args.arch}'
+    print(f'train step, bf16 autocast, AdamW; iters={args.iters} warmup={args.warmup}')
+    print(f'{"model":<22}{"res":>6}{"batch":>6}{"params(M)":>11}{"img/s":>10}{"total MiB":>11}'
+          f'{"x official":>12}')
+    for res, batch in zip(args.res, args.batch):
+        rows = {}
+        for name in ('official', ours):
+            torch.cuda.empty_cache()
+            if name == 'official':
+                model = build_official(res).cuda().train()
+                optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
+                x = torch.randn(batch, 3, res, res, device='cuda')
+                rows[name] = bench.time_steps(model, optim, x, 'train', 'cuda', args.iters,
+                                              args.warmup, True)
+                del model, optim, x
+            else:
+                rows[name] = bench.measure(ours, res, 'train', batch, 'cuda', args.iters,
+                                           args.warmup, True)
+            r, ref = rows[name], rows['official']
+            label = f'Dino-Mamba vim_{ARCH_NAMES[args.arch]}' if name == 'official' else ours
+            print(f'{label:<22}{res:>6}{batch:>6}{r["params"]:>11.2f}{r["imgs"]:>10.1f}'
+                  f'{r["mem_total"]:>11.0f}{r["imgs"] / ref["imgs"]:>12.2f}', flush=True)
+
+
+if __name__ == '__main__':
+    main()

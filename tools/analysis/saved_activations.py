@@ -1,0 +1,122 @@
+"""Bytes of activations autograd keeps per layer and token, for each fast-path variant of BiSSD.
+
+Counts the distinct storages saved for backward (``torch.autograd.graph.saved_tensors_hooks``)
+during one training forward in bf16 autocast, and isolates what one layer keeps per image from
+four runs (1 and 2 layers x batch 1 and 2), so parameters, their bf16 casts and the stem cancel
+out. Divided by the number of tokens it gives bytes per layer and token; times layers x batch x
+tokens it projects a model's activation memory (without the optimizer, parameters and
+workspace). Variants: ``recompute`` (the default CUDA path: fused conv, fused merge, conv
+recomputed in backward), ``keep`` (conv output kept), ``unfused`` (flip / cat / conv and two
+separate gated norms), ``portable`` (the PyTorch specification).
+
+On a GPU it measures the real CUDA path. Without one, ``--interpret`` runs the same kernels on
+CPU under Triton's interpreter (``tests/kernel_interpreter.py``; slow, so use a small ``--res``:
+bytes per token do not depend on the length)::
+
+    python tools/analysis/saved_activations.py --arch b --res 224               # on a GPU
+    python tools/analysis/saved_activations.py --arch b --res 112 --interpret   # CPU
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+VARIANTS = {
+    'recompute': dict(),
+    'keep': dict(recompute_conv=False),
+    'unfused': dict(recompute_conv=False, fused_conv=False, fused_merge=False),
+    'portable': None,
+}
+WIDTHS = dict(t=256, s=512, b=768)
+
+
+def saved_bytes(fn) -> int:
+    """Total bytes of the distinct storages autograd saves while ``fn`` runs."""
+    import torch
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def per_layer_image(arch: str, res: int, variant: str, device: str) -> int:
+    """Bytes one layer keeps for one image: (2 layers - 1 layer) x (batch 2 - batch 1)."""
+    import torch
+
+    from mmdinomamba.models.backbones import DinoVim
+    from mmdinomamba.ops import portable_ops
+    got = {}
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        model = DinoVim(arch=dict(embed_dims=WIDTHS[arch], num_layers=layers),
+                        drop_path_rate=0.).to(device)
+        for layer in model.layers:
+            switches = dict(recompute_conv=True, fused_conv=True, fused_merge=True)
+            for key, value in {**switches, **(VARIANTS[variant] or {})}.items():
+                setattr(layer.mixer, key, value)
+        for batch in (1, 2):
+            x = torch.randn(batch, 3, res, res, device=device)
+
+            def step():
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                    model(x)[0].float().sum()
+
+            if VARIANTS[variant] is None:
+                with portable_ops():
+                    got[layers, batch] = saved_bytes(step)
+            else:
+                got[layers, batch] = saved_bytes(step)
+    return got[2, 2] - got[2, 1] - got[1, 2] + got[1, 1]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--arch', default='b', choices=sorted(WIDTHS))
+    parser.add_argument('--res', type=int, default=224)
+    parser.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument('--interpret', action='store_true',
+                        help='no GPU: run the CUDA-path kernels on CPU under Triton\'s interpreter')
+    parser.add_argument('--project', nargs=3, type=int, action='append', metavar=('LAYERS',
+                        'BATCH', 'RES'), help='also project the activation memory of a model, '
+                        'e.g. --project 24 64 224 (repeatable)')
+    args = parser.parse_args(argv)
+    if args.interpret and os.environ.get('TRITON_INTERPRET') != '1':
+        # the interpreter is chosen when Triton is imported: start again with it set
+        env = dict(os.environ, TRITON_INTERPRET='1')
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    if args.interpret:
+        repo = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+        sys.path.insert(0, osp.join(repo, 'tests'))
+        import kernel_interpreter
+        kernel_interpreter.route()
+        device = 'cpu'
+    else:
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit('saved_activations: no CUDA device; use --interpret to run the CUDA '
+                             'kernels on CPU under Triton\'s interpreter')
+        device = 'cuda'
+    tokens = (args.res // 16)**2 + 1
+    print(f'DinoVim-{args.arch.upper()} layer, {args.res} px ({tokens} tokens), bf16 autocast, '
+          f'{"Triton interpreter on CPU" if args.interpret else "CUDA"}')
+    print(f'{"variant":<10}{"bytes/layer/token":>19}{"x recompute":>13}')
+    rows = {}
+    for variant in args.variants:
+        rows[variant] = per_layer_image(args.arch, args.res, variant, device) / tokens
+        base = rows.get('recompute')
+        ratio = f'{rows[variant] / base:>13.2f}' if base else ''
+        print(f'{variant:<10}{rows[variant]:>19,.0f}{ratio}', flush=True)
+    for layers, batch, res in args.project or []:
+        n = (res // 16)**2 + 1
+        proj = ', '.join(f'{v} {b * layers * batch * n / 2**30:.2f} GiB' for v, b in rows.items())
+        print(f'projected activations, {layers} layers x batch {batch} x {n} tokens: {proj}')
+
+
+if __name__ == '__main__':
+    main()
