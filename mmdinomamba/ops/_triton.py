@@ -121,6 +121,28 @@ def _lookup(key: str, module: str, attr: str, what: str,
     return _cache[key]
 
 
+def compare_with_reference(what: str, kernel: Callable, reference: Callable, inputs: list,
+                           grad_out, names: tuple, tol: float) -> None:
+    """A kernel's self-check: run ``kernel`` and ``reference`` on fresh leaf copies of ``inputs``
+    with autograd on, autocast off and outside inference mode (the first CUDA call, which
+    triggers the check, may come from a no-grad DINO teacher or a bf16 autocast forward),
+    backpropagate ``grad_out`` and raise if the output or a gradient (``names``, in order)
+    differs by more than ``tol`` relative error."""
+    import torch
+    device_type = inputs[0].device.type
+    results = []
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device_type,
+                                                                           enabled=False):
+        for fn in (kernel, reference):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            out = fn(*leaves)
+            results.append([out, *torch.autograd.grad(out, leaves, grad_out)])
+    for name, got, want in zip(names, *results):
+        err = ((got - want).norm() / want.norm()).item()
+        if not err < tol:
+            raise RuntimeError(f'{what} self-check: {name} relative error {err:.2e}')
+
+
 def disable(key: str, reason: str) -> None:
     """Stop using the kernel cached under ``key`` (e.g. it failed at run time); logged once."""
     _cache[key] = None

@@ -62,29 +62,18 @@ def bidir_conv_scan(xBC, weight, bias, dt, dt_bias, A, D, splits, headdim, d_sta
 
 def self_check(device='cuda') -> None:
     """Forward and backward once on a small float32 input against the composition (our conv
-    kernel, then ``mamba_chunk_scan_combined``); raises if anything disagrees."""
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            torch.device(device).type, enabled=False):
-        _self_check(device)
-
-
-def _self_check(device) -> None:
+    kernel, then ``mamba_chunk_scan_combined``); raises if anything disagrees (1e-3: the
+    scan's float32 matmuls may use TF32 on a GPU)."""
+    from ._triton import compare_with_reference
     from .bidir_conv_scan import bidir_conv_scan_composed
     gen = torch.Generator().manual_seed(0)
     B, L, h, p, n = 1, 21, 2, 8, 8  # one group per direction, two chunks of 16
     splits = (h * p, n, n)
     C = sum(splits)
     shapes = ((B, L, C), (2, C, 4), (2, C), (B, L, 2 * h), (2 * h, ), (2 * h, ), (2 * h, ))
-    xBC, w, b, dt, dt_bias, A, D = (torch.randn(*s, generator=gen).to(device) for s in shapes)
-    A = -A.abs() - 0.5
+    inputs = [torch.randn(*s, generator=gen).to(device) for s in shapes]
+    inputs[5] = -inputs[5].abs() - 0.5  # A < 0
     go = torch.randn(B, L, 2 * h, p, generator=gen).to(device)
-    outs = []
-    for fn in (bidir_conv_scan, bidir_conv_scan_composed):
-        leaves = [t.clone().requires_grad_() for t in (xBC, w, b, dt, dt_bias, A, D)]
-        y = fn(*leaves, splits, p, n, 16)
-        outs.append([y, *torch.autograd.grad(y, leaves, go)])
-    names = ('y', 'dxBC', 'dweight', 'dbias', 'ddt', 'ddt_bias', 'dA', 'dD')
-    for name, a, r in zip(names, *outs):
-        err = ((a - r).norm() / r.norm()).item()
-        if not err < 1e-3:  # TF32 matmuls of the scan on a GPU
-            raise RuntimeError(f'fused conv + scan self-check: {name} relative error {err:.2e}')
+    compare_with_reference('fused conv + scan', lambda *a: bidir_conv_scan(*a, splits, p, n, 16),
+                           lambda *a: bidir_conv_scan_composed(*a, splits, p, n, 16), inputs, go,
+                           ('y', 'dxBC', 'dweight', 'dbias', 'ddt', 'ddt_bias', 'dA', 'dD'), 1e-3)

@@ -205,29 +205,14 @@ def bidir_causal_conv(x, weight, bias, splits, act):
 
 
 def self_check(device='cuda') -> None:
-    """Run forward and backward once on a small input and compare with the portable
-    implementation; raises if the kernel does not compile or disagrees (float32)."""
-    # The first CUDA call (which triggers this check) may come under no_grad (a DINO teacher),
-    # inference_mode or bf16 autocast: check in float32 with autograd on, whatever the caller.
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            torch.device(device).type, enabled=False):
-        _self_check(device)
-
-
-def _self_check(device) -> None:
+    """Run forward and backward once on a small float32 input and compare with the portable
+    implementation; raises if the kernel does not compile or disagrees."""
+    from ._triton import compare_with_reference
     from .bidir_conv import bidir_causal_conv1d_portable
     gen = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*s, generator=gen).to(device)
-               for s in ((2, 37, 40), (2, 40, 4), (2, 40)))
+    inputs = [torch.randn(*s, generator=gen).to(device) for s in ((2, 37, 40), (2, 40, 4), (2, 40))]
     go = torch.randn(2, 37, 80, generator=gen).to(device)
-    outs = []
-    for fn in (bidir_causal_conv, bidir_causal_conv1d_portable):
-        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        y = fn(*leaves, (24, 8, 8), True) if fn is bidir_causal_conv else fn(
-            *leaves, (24, 8, 8), 'silu')
-        outs.append([y, *torch.autograd.grad(y, leaves, go)])
-    for name, a, r in zip(('y', 'dx', 'dweight', 'dbias'), *outs):
-        err = ((a - r).norm() / r.norm()).item()
-        if not err < 1e-4:
-            raise RuntimeError(f'fused bidirectional conv self-check: {name} relative error '
-                               f'{err:.2e}')
+    compare_with_reference(
+        'fused bidirectional conv', lambda *a: bidir_causal_conv(*a, (24, 8, 8), True),
+        lambda *a: bidir_causal_conv1d_portable(*a, (24, 8, 8), 'silu'), inputs, go,
+        ('y', 'dx', 'dweight', 'dbias'), 1e-4)

@@ -169,28 +169,20 @@ def bidir_gated_merge(y, z, weight, eps, group_size):
 
 
 def self_check(device='cuda') -> None:
-    """Run forward and backward once on a small input, with and without the norm, and compare
-    with the portable implementation; raises if the kernel does not compile or disagrees."""
-    # as for the conv kernel: the first CUDA call may come under no_grad / autocast
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            torch.device(device).type, enabled=False):
-        _self_check(device)
-
-
-def _self_check(device) -> None:
+    """Run forward and backward once on a small float32 input, with and without the norm, and
+    compare with the portable implementation; raises if the kernel does not compile or
+    disagrees."""
+    from ._triton import compare_with_reference
     from .bidir_merge import bidir_gated_merge_portable
     gen = torch.Generator().manual_seed(0)
     y, z, w = (torch.randn(*s, generator=gen).to(device) for s in ((2, 7, 48), (2, 7, 24),
                                                                   (2, 24)))
     go = torch.randn(2, 7, 24, generator=gen).to(device)
-    for weight in (w, None):
-        outs = []
-        for fn in (bidir_gated_merge, bidir_gated_merge_portable):
-            leaves = [t.clone().requires_grad_() for t in (y, z, weight) if t is not None]
-            out = fn(*leaves, None, 1e-5, 12) if weight is None else fn(*leaves, 1e-5, 12)
-            outs.append([out, *torch.autograd.grad(out, leaves, go)])
-        for name, a, r in zip(('out', 'dy', 'dz', 'dweight'), *outs):
-            err = ((a - r).norm() / r.norm()).item()
-            if not err < 1e-4:
-                raise RuntimeError(f'fused bidirectional merge self-check: {name} relative error '
-                                   f'{err:.2e} (norm={weight is not None})')
+    compare_with_reference('fused bidirectional merge (norm)',
+                           lambda *a: bidir_gated_merge(*a, 1e-5, 12),
+                           lambda *a: bidir_gated_merge_portable(*a, 1e-5, 12), [y, z, w], go,
+                           ('out', 'dy', 'dz', 'dweight'), 1e-4)
+    compare_with_reference('fused bidirectional merge (no norm)',
+                           lambda *a: bidir_gated_merge(*a, None, 1e-5, 12),
+                           lambda *a: bidir_gated_merge_portable(*a, None, 1e-5, 12), [y, z], go,
+                           ('out', 'dy', 'dz'), 1e-4)

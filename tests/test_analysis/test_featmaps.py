@@ -1,18 +1,13 @@
 """CLS-to-patch feature maps, PCA and plots (fake contract backbone + the real backbones)."""
-import importlib.util
-import os.path as osp
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mmdinomamba.analysis import compute_featmaps, pca_rgb, principal_components, query_tokens
+from repo_files import load_file
 
-_spec = importlib.util.spec_from_file_location(
-    'fake_backbone', osp.join(osp.dirname(__file__), '..', 'test_evaluation', 'fake_backbone.py'))
-fake = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fake)
+fake = load_file('tests/test_evaluation/fake_backbone.py')
 
 
 def _capture_mixer_inputs(backbone):

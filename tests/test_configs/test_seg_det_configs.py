@@ -2,7 +2,6 @@
 consistent (backbone width = neck / head channels, evenly spaced blocks) and builds with a
 tiny backbone of the same type and depth."""
 import glob
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -12,6 +11,7 @@ pytest.importorskip('mmdet')
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmpretrain.registry import MODELS as PRETRAIN_MODELS  # noqa: E402
+from repo_files import load_file  # noqa: E402  (tests/ is on sys.path)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SEG = sorted(glob.glob(osp.join(REPO, 'configs/seg/*.py')))
@@ -20,11 +20,7 @@ HIERARCHICAL = ('MILA', )
 
 
 def _settings_tool():
-    path = osp.join(REPO, 'tools/analysis/print_config_settings.py')
-    spec = importlib.util.spec_from_file_location('_print_config_settings', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file('tools/analysis/print_config_settings.py')
 
 
 def _backbone_class(cfg):

@@ -1,21 +1,16 @@
 """End to end through tools/train.py and tools/test.py: the demo seg / det configs (tiny
 backbone, session data) train 2 iterations, then mmseg's IoUMetric and mmdet's CocoMetric
 report numbers."""
-import importlib.util
 import math
 import os.path as osp
 
 import pytest
+from repo_files import load_file
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(REPO, 'tools',
-                                                                            f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(f'tools/{name}.py')
 
 
 def _run(cfg, tmp_path):

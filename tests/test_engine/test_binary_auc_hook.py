@@ -1,5 +1,4 @@
 """BinaryAUCHook on a tiny DINO-like model (student + frozen teacher) trained for 2 epochs."""
-import importlib.util
 import json
 import os.path as osp
 from copy import deepcopy
@@ -13,11 +12,9 @@ from mmdinomamba.analysis import compute_featmaps
 from mmdinomamba.engine.hooks import BinaryAUCHook
 from mmdinomamba.engine.hooks.binary_auc_hook import find_backbone
 from mmdinomamba.evaluation import BinaryAUC
+from repo_files import load_file
 
-_spec = importlib.util.spec_from_file_location(
-    'fake_backbone', osp.join(osp.dirname(__file__), '..', 'test_evaluation', 'fake_backbone.py'))
-fake = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fake)
+fake = load_file('tests/test_evaluation/fake_backbone.py')
 
 
 class ToyDINO(BaseModel):

@@ -1,6 +1,5 @@
 """FeatMapEvaluator: checkpoint key remapping, configs, and tools/test.py end to end."""
 import glob
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -10,6 +9,7 @@ from mmengine.runner import load_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmdinomamba  # noqa: F401  (registration)
+from repo_files import load_file
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'analysis', '*.py')))
@@ -71,9 +71,7 @@ def test_analysis_configs_build(path):
 
 
 def test_tools_test_prints_binary_auc(tmp_path, embedded_root):
-    spec = importlib.util.spec_from_file_location('tools_test', osp.join(REPO, 'tools/test.py'))
-    test_tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_tool)
+    test_tool = load_file('tools/test.py')
     cfg = Config.fromfile(osp.join(REPO, 'configs/analysis/binary-auc_dinovim-demo_embedded.py'))
     model = MODELS.build(cfg.model)
     state = {'teacher.backbone.' + k: v for k, v in model.backbone.state_dict().items()}
@@ -106,10 +104,7 @@ def test_random_init_baseline_is_the_same_model_every_run(tmp_path):
 
 
 def test_visualize_featmap_tool(tmp_path, embedded_root):
-    spec = importlib.util.spec_from_file_location(
-        'visualize_featmap', osp.join(REPO, 'tools/analysis/visualize_featmap.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_file('tools/analysis/visualize_featmap.py')
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(
         f"_base_ = '{REPO}/configs/analysis/binary-auc_dinovim-demo_embedded.py'\n"

@@ -1,6 +1,5 @@
 """tools/analysis/eval_robustness.py end to end on tiny fake test sets with a probe whose
 predictions are fixed by its head bias (so every accuracy is known in advance)."""
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -11,8 +10,8 @@ from mmpretrain.registry import MODELS
 from PIL import Image
 
 from mmdinomamba.datasets.imagenet_wnids import IMAGENET_A_WNIDS
+from repo_files import load_file
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG = """
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
 model = dict(
@@ -27,11 +26,7 @@ data_preprocessor = dict(num_classes=1000, mean=[123.675, 116.28, 103.53],
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        '_eval_robustness', osp.join(REPO, 'tools/analysis/eval_robustness.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file('tools/analysis/eval_robustness.py')
 
 
 def _img(path):

@@ -1,18 +1,12 @@
 """tools/analysis/bench_official.py: what it needs is named before any GPU work."""
 import importlib.util
-import os.path as osp
 
 import pytest
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from repo_files import load_file
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'bench_official', osp.join(REPO, 'tools/analysis/bench_official.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_file('tools/analysis/bench_official.py')
 
 
 def test_missing_snapshot_is_named(tmp_path):

@@ -1,19 +1,12 @@
 """tools/analysis/benchmark.py: one side-by-side CPU run, ratios to the ViT of the same size."""
-import importlib.util
 import json
-import os.path as osp
 
 import pytest
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from repo_files import load_file
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'benchmark', osp.join(REPO, 'tools/analysis/benchmark.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_file('tools/analysis/benchmark.py')
 
 
 @pytest.mark.slow

@@ -4,9 +4,7 @@ The official key layouts (facebookresearch/dino ``vision_transformer.py``; yangt
 ``models_vim.py``, ``models_mambar.py``, ``mamba2.py``) are rebuilt here from the published
 shapes; the reference forwards below are independent re-implementations of those models.
 """
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +12,11 @@ import torch.nn.functional as F
 
 import mmdinomamba  # noqa: F401
 from mmdinomamba.models.backbones import DinoVim, MambaReg, ViT
-
-ROOT = Path(__file__).resolve().parents[2]
+from repo_files import load_file
 
 
 def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'tools/model_converters' /
-                                                  f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(f'tools/model_converters/{name}.py')
 
 
 dino_vit2mmdm = _load_tool('dino_vit2mmdm')

@@ -1,22 +1,17 @@
 """tools/model_converters/extract_backbone.py: a DINO checkpoint's teacher / student backbone."""
-import importlib.util
 import os.path as osp
 
 import pytest
 import torch
 from mmpretrain.registry import MODELS
+from repo_files import load_file
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 BACKBONE = dict(type='DinoVim', arch=dict(embed_dims=32, num_layers=1), img_size=32,
                 patch_size=8, mixer_cfg=dict(d_state=8, headdim=16))
 
 
 def _tool():
-    path = osp.join(ROOT, 'tools/model_converters/extract_backbone.py')
-    spec = importlib.util.spec_from_file_location('_extract_backbone', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file('tools/model_converters/extract_backbone.py')
 
 
 @pytest.fixture

@@ -1,19 +1,12 @@
 """tools/analysis/saved_activations.py: the saved-bytes accounting and the per-layer isolation."""
-import importlib.util
-import os.path as osp
 
 import pytest
 import torch
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from repo_files import load_file
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'saved_activations', osp.join(REPO, 'tools/analysis/saved_activations.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_file('tools/analysis/saved_activations.py')
 
 
 def test_saved_bytes_counts_each_storage_once():

@@ -1,21 +1,17 @@
 """tools/train.py and tools/test.py on the embedded data: train, resume, evaluate, clear errors."""
-import importlib.util
 import os.path as osp
 import shutil
 
 import pytest
 import torch
+from repo_files import load_file
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG = osp.join(ROOT, 'configs/classification/dinovim-demo_1xb32-5e_embedded-64px.py')
 
 
 def _tool(name):
-    path = osp.join(ROOT, 'tools', f'{name}.py')
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(f'tools/{name}.py')
 
 
 def _opts(root, epochs):

@@ -242,26 +242,15 @@ def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
 
 
 _RECOMPUTE_INTERPRETED = textwrap.dedent('''
+    import contextlib
+
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
     from mmdinomamba.ops import portable_ops
+    from repo_files import load_file
     print('KERNELS', kernel_interpreter.route())
-
-
-    def saved_bytes(fn):
-        """Bytes of the distinct storages autograd keeps for backward while ``fn`` runs."""
-        storages = {}
-
-        def pack(t):
-            s = t.untyped_storage()
-            storages[s.data_ptr()] = s.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = fn()
-        return out, sum(storages.values())
-
+    saved_bytes = load_file('tools/analysis/saved_activations.py').saved_bytes
 
     torch.manual_seed(0)
     m = BiSSD(64, d_state=16, headdim=16, chunk_size=16)
@@ -271,13 +260,11 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
         m.recompute_conv = mode == 'recompute'
         m.zero_grad()
         x.grad = None
-        if mode == 'portable':
-            with portable_ops():
-                y, mem[mode] = saved_bytes(lambda: m(x))
-                y.square().mean().backward()
-        else:
-            y, mem[mode] = saved_bytes(lambda: m(x))
-            y.square().mean().backward()
+        out = {}
+        with portable_ops() if mode == 'portable' else contextlib.nullcontext():
+            mem[mode] = saved_bytes(lambda: out.update(y=m(x)))
+            out['y'].square().mean().backward()
+        y = out['y']
         res.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])
     print('WORST', max(((a - b).norm() / b.norm()).item() for r in res[:2]
                        for a, b in zip(r, res[2])))
