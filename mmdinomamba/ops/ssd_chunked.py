@@ -124,7 +124,7 @@ def _fwd_block(x, dt, A, B, C, D, Q: int, state: Tensor | None, out: Tensor):
     entering, final = _pass_states(S, _exp_decay(acs[:, :, -1].clone()), state, p)
     y_off = _untok(torch.matmul(Cg, entering), p)
     y_off.mul_(_exp_decay(acs.clone())[..., None])
-    torch.add(y_off, y, out=out.view(xv.shape))
+    out.view(xv.shape).copy_(y_off.add_(y))  # copy_, not out=: torch.compile-friendly
     return entering, final
 
 
@@ -145,7 +145,7 @@ class _ChunkedSSD(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, Q, tile):
-        out = torch.empty_like(x)
+        out = x.new_empty(x.shape)  # contiguous whatever x's strides (blocks are viewed)
         tiles = _tiles(x.shape[0], x.shape[1], Q, tile)
         keep = any(ctx.needs_input_grad)  # the per-chunk states are only kept for backward
         entering = []
@@ -171,10 +171,10 @@ class _ChunkedSSD(torch.autograd.Function):
         x, dt, A, B, C, D = ctx.saved_tensors
         dy = dy.contiguous()
         grads = dict(
-            x=torch.empty_like(x),
-            dt=torch.empty_like(dt),
-            B=torch.empty_like(B),
-            C=torch.empty_like(C),
+            x=x.new_empty(x.shape),
+            dt=dt.new_empty(dt.shape),
+            B=B.new_empty(B.shape),
+            C=C.new_empty(C.shape),
             A=torch.zeros_like(A),
             D=None if D is None else torch.zeros_like(D))
         entering = iter(reversed(ctx.entering))
