@@ -31,7 +31,9 @@ import importlib
 import importlib.util
 import sys
 import types
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+import torch
 
 _SSD_MODULE = 'mamba_ssm.ops.triton.ssd_combined'
 _NORM_MODULE = 'mamba_ssm.ops.triton.layernorm_gated'
@@ -141,6 +143,26 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
         err = ((got - want).norm() / want.norm()).item()
         if not err < tol:
             raise RuntimeError(f'{what} self-check: {name} relative error {err:.2e}')
+
+
+@torch.compiler.disable
+def run_kernel(key: str, lookup: Callable[[], Callable | None], what: str, *args,
+               **kwargs) -> Any | None:
+    """``lookup()(*args, **kwargs)``, or None when the kernel is unavailable or fails; a kernel
+    that fails is disabled with a logged note, and the caller runs the portable path from now on.
+
+    Opaque to ``torch.compile`` (a graph break): the kernels are already fused, and tracing into
+    ``mamba_ssm``'s host code or our self-checks is neither useful nor safe.
+    """
+    fn = lookup()
+    if fn is None:
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # e.g. a Triton compile error on this GPU: degrade, once
+        disable(key, f'{what} failed ({type(err).__name__}: {err}); using the portable '
+                'implementation from now on')
+        return None
 
 
 def disable(key: str, reason: str) -> None:

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from . import _triton
-from ._triton import bidir_conv_fn, disable
+from ._triton import bidir_conv_fn
 from .conv import causal_conv1d, check_activation
 
 __all__ = ['bidir_causal_conv1d']
@@ -65,10 +65,8 @@ def bidir_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, splits: 
     """
     _check(x, weight, bias, splits)
     check_activation(activation)
-    if _triton.on_kernel_device(x) and (fn := bidir_conv_fn()) is not None:
-        try:
-            return fn(x, weight, bias, tuple(splits), activation is not None)
-        except Exception as err:  # a kernel that fails here: use the spec from now on
-            disable('bidir_conv', f'fused bidirectional conv failed ({type(err).__name__}: '
-                    f'{err}); using the portable PyTorch implementation')
+    if _triton.on_kernel_device(x) and (y := _triton.run_kernel(
+            'bidir_conv', bidir_conv_fn, 'fused bidirectional conv', x, weight, bias,
+            tuple(splits), activation is not None)) is not None:
+        return y
     return bidir_causal_conv1d_portable(x, weight, bias, splits, activation)

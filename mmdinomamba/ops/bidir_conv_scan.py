@@ -85,10 +85,7 @@ def bidir_conv_scan(xBC: Tensor,
     args = (xBC, conv_weight, conv_bias, dt, dt_bias, A, D, tuple(splits), headdim, d_state,
             chunk_size)
     if (backend in ('auto', 'triton') and _triton.on_kernel_device(xBC)
-            and (fn := _triton.conv_scan_fn()) is not None):
-        try:
-            return fn(*args)
-        except Exception as err:  # a kernel that fails here: use the composition from now on
-            _triton.disable('conv_scan', f'fused conv + scan failed ({type(err).__name__}: '
-                            f'{err}); using the conv and the scan as separate calls')
+            and (y := _triton.run_kernel('conv_scan', _triton.conv_scan_fn,
+                                         'fused conv + scan', *args)) is not None):
+        return y
     return bidir_conv_scan_composed(*args, backend=backend)

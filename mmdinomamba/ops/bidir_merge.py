@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _triton
-from ._triton import bidir_merge_fn, disable
+from ._triton import bidir_merge_fn
 from .norm import gated_rms_norm
 
 __all__ = ['bidir_gated_merge']
@@ -71,10 +71,8 @@ def bidir_gated_merge(y: Tensor,
         Tensor: (B, L, d) in the dtype of ``y``.
     """
     group_size = _check(y, z, weight, group_size)
-    if _triton.on_kernel_device(y) and (fn := bidir_merge_fn()) is not None:
-        try:
-            return fn(y, z, weight, eps, group_size)
-        except Exception as err:  # a kernel that fails here: use the spec from now on
-            disable('bidir_merge', f'fused bidirectional merge failed ({type(err).__name__}: '
-                    f'{err}); using the portable PyTorch implementation')
+    if _triton.on_kernel_device(y) and (out := _triton.run_kernel(
+            'bidir_merge', bidir_merge_fn, 'fused bidirectional merge', y, z, weight, eps,
+            group_size)) is not None:
+        return out
     return bidir_gated_merge_portable(y, z, weight, eps, group_size)

@@ -37,12 +37,10 @@ def causal_conv1d(x: Tensor,
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f'causal_conv1d: x must be (B, L, D) and weight (D, K), got '
                          f'{tuple(x.shape)} and {tuple(weight.shape)}')
-    if _triton.on_kernel_device(x) and (fn := causal_conv1d_fn()) is not None:
-        try:
-            return fn(x.transpose(1, 2), weight, bias, activation=activation).transpose(1, 2)
-        except Exception as err:  # a kernel that fails here: use the portable conv from now on
-            _triton.disable('conv', f'causal_conv1d_fn failed ({type(err).__name__}: {err}); '
-                            'using the portable PyTorch conv')
+    if _triton.on_kernel_device(x) and (y := _triton.run_kernel(
+            'conv', causal_conv1d_fn, 'causal_conv1d_fn', x.transpose(1, 2), weight, bias,
+            activation=activation)) is not None:
+        return y.transpose(1, 2)
     length, (channels, k) = x.shape[1], weight.shape
     y = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=k - 1, groups=channels)
     y = y[..., :length].transpose(1, 2)

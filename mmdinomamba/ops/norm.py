@@ -40,13 +40,10 @@ def gated_rms_norm(x: Tensor,
     if d % group_size != 0 or weight.shape != (d, ):
         raise ValueError(f'gated_rms_norm: channels {d} must be divisible by group_size '
                          f'{group_size} and weight must be ({d},), got {tuple(weight.shape)}')
-    if _triton.on_kernel_device(x) and (fn := rmsnorm_fn()) is not None:
-        try:
-            return fn(x, weight, None, z=z, eps=eps, group_size=group_size,
-                      norm_before_gate=norm_before_gate)
-        except Exception as err:  # a kernel that fails here: use the portable norm from now on
-            _triton.disable('norm', f'rmsnorm_fn failed ({type(err).__name__}: {err}); using '
-                            'the portable PyTorch gated RMSNorm')
+    if _triton.on_kernel_device(x) and (out := _triton.run_kernel(
+            'norm', rmsnorm_fn, 'rmsnorm_fn', x, weight, None, z=z, eps=eps,
+            group_size=group_size, norm_before_gate=norm_before_gate)) is not None:
+        return out
     return _GatedRMSNorm.apply(x, z, weight, eps, group_size, norm_before_gate)
 
 

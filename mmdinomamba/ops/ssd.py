@@ -52,21 +52,19 @@ def ssd_scan(x: Tensor,
     check_ssd_shapes(x, dt, A, B, C, D)
     if backend == 'ref':
         return ssd_scan_ref(x, dt, A, B, C, D)
-    if backend != 'torch' and (fn := _triton_scan(x, backend)) is not None:
-        try:
-            return fn(x, dt, A, B, C, chunk_size, D=D)
-        except Exception as err:  # e.g. a Triton compile error on this GPU: degrade, once
-            _triton.disable(
-                'scan', f'mamba_chunk_scan_combined failed ({type(err).__name__}: '
-                f'{err}); using the portable PyTorch scan from now on')
+    if backend != 'torch' and _kernel_applies(x, backend) and (y := _triton.run_kernel(
+            'scan', chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C, chunk_size,
+            D=D)) is not None:
+        return y
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=min(chunk_size, PORTABLE_CHUNK_SIZE))
 
 
-def _triton_scan(x: Tensor, backend: str):
-    """The Triton kernel if it applies to ``x``, else None (with a note if it was asked for)."""
-    if not _triton.on_kernel_device(x):
-        if backend == 'triton':
-            log_once('triton-cpu', "backend='triton' needs CUDA tensors; using the portable "
-                     'PyTorch scan')
-        return None
-    return chunk_scan_fn()
+def _kernel_applies(x: Tensor, backend: str) -> bool:
+    """Whether the Triton kernel applies to ``x`` (with a note if it was asked for and does
+    not)."""
+    if _triton.on_kernel_device(x):
+        return True
+    if backend == 'triton':
+        log_once('triton-cpu', "backend='triton' needs CUDA tensors; using the portable PyTorch "
+                 'scan')
+    return False

@@ -86,20 +86,19 @@ def test_triton_scan_matches_portable_in_bf16():
         assert err(a.grad, e.grad) <= 2 * err(p.grad, e.grad) + 1e-3
 
 
-def test_kernel_failure_at_run_time_degrades(fresh_kernel_cache, monkeypatch):
-    from mmdinomamba.ops import ssd
-
+def test_kernel_failure_at_run_time_degrades(fresh_kernel_cache, kernels_as_on_cuda):
     def broken(*args, **kwargs):
         raise RuntimeError('triton compile error')
 
-    monkeypatch.setattr(ssd, '_triton_scan', lambda x, backend: broken)
     args = [
         torch.randn(1, 9, 2, 4),
         torch.rand(1, 9, 2), -torch.rand(2),
         torch.randn(1, 9, 1, 3),
         torch.randn(1, 9, 1, 3), None
     ]
-    torch.testing.assert_close(ssd_scan(*args), ssd_scan(*args, backend='torch'))
+    want = ssd_scan(*args, backend='torch')
+    kernels_as_on_cuda(scan=broken)
+    torch.testing.assert_close(ssd_scan(*args), want)
     assert 'scan_disabled' in _triton._logged and _triton._cache['scan'] is None
 
 

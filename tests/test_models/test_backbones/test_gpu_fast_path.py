@@ -62,7 +62,7 @@ _INTERPRETED = textwrap.dedent('''
     import torch
     import kernel_interpreter
     from mmdinomamba.models.backbones import DinoVim
-    from mmdinomamba.ops import portable_ops, ssd_scan
+    from mmdinomamba.ops import _triton, portable_ops, ssd_scan
     print('KERNELS', kernel_interpreter.route())
 
 
@@ -97,19 +97,30 @@ _INTERPRETED = textwrap.dedent('''
     x, w = torch.randn(2, 3, 80, 48), torch.randn(2, 128)
     with portable_ops():
         ref = run(model, x, w)
-    worst['dinovim'] = max(rel(a, b) for a, b in zip(run(model, x, w), ref))
-    print('WORST', worst['scan'], worst['dinovim'])
+    fast = run(model, x, w)
+    worst['dinovim'] = max(rel(a, b) for a, b in zip(fast, ref))
+    # torch.compile around the kernels (each kernel call is a graph break); count the calls
+    calls = []
+    for key in ('conv_scan', 'bidir_merge'):
+        kernel = _triton._cache[key]
+        _triton._cache[key] = lambda *a, _k=kernel, _n=key: calls.append(_n) or _k(*a)
+    compiled = run(torch.compile(model, backend='aot_eager'), x, w)
+    worst['compiled'] = max(rel(a, b) for a, b in zip(compiled, fast))
+    print('CALLS', sorted(calls))
+    print('WORST', worst['scan'], worst['dinovim'], worst['compiled'])
 ''')
 
 
 def test_fast_path_matches_portable_in_triton_interpreter(run_interpreted):
     """The whole CUDA fast path on CPU under Triton's interpreter: mamba_ssm's Triton SSD scan
-    and gated RMSNorm, our fused conv, merge and conv + scan (recomputing) kernels. Float32
-    only: the interpreter cannot do ``tl.dot`` on bfloat16 (triton-lang/triton#11584), so the
+    and gated RMSNorm, our fused conv, merge and conv + scan (recomputing) kernels, eager and
+    under ``torch.compile``. Float32 only: the interpreter cannot do ``tl.dot`` on bfloat16 (triton-lang/triton#11584), so the
     bf16 check stays a GPU test."""
     if importlib.util.find_spec('mamba_ssm') is None:
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
     out = run_interpreted(_INTERPRETED, timeout=600)
     assert "KERNELS ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in out, out
-    scan, dinovim = map(float, out.split('WORST')[-1].split())
-    assert scan < 1e-5 and dinovim < 1e-5, (scan, dinovim)
+    # two layers, each kernel once per forward: the compiled model ran them, not the fallback
+    assert "CALLS ['bidir_merge', 'bidir_merge', 'conv_scan', 'conv_scan']" in out, out
+    scan, dinovim, compiled = map(float, out.split('WORST')[-1].split())
+    assert scan < 1e-5 and dinovim < 1e-5 and compiled < 1e-5, (scan, dinovim, compiled)
