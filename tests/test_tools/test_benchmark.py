@@ -50,3 +50,15 @@ def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):
     assert json.loads(trace.read_text())['traceEvents']
     with pytest.raises(SystemExit, match='mode'):
         _tool().main(['--device', 'cpu', '--profile', 'dinovim-t', '32', 'bwd'])
+
+
+def test_one_reference_for_all(tmp_path):
+    """--ref vit-b: the small model's ratio is taken against ViT-B, measured in the same run."""
+    out = tmp_path / 'rows.json'
+    load_file('tools/analysis/benchmark.py').main([
+        '--device', 'cpu', '--archs', 'dinovim-t', '--ref', 'vit-b', '--res', '32', '--batch',
+        '1', '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--json', str(out)])
+    rows = {r['arch']: r for r in json.loads(out.read_text())}
+    assert set(rows) == {'vit-b', 'dinovim-t'} and rows['dinovim-t']['ref'] == 'vit-b'
+    assert rows['dinovim-t']['speed_ratio'] == pytest.approx(rows['dinovim-t']['imgs'] /
+                                                             rows['vit-b']['imgs'])

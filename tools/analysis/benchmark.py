@@ -1,9 +1,9 @@
 """Throughput and peak memory of the backbones, forward and forward+backward.
 
 Each backbone is measured at each resolution in the same run, and its numbers are printed next to
-the ratio to the ViT of the same size (``-t``/``-s`` models -> ViT-S, ``-b`` -> ViT-B) measured in
-that run. Throughput = images / second over ``--iters`` timed iterations after ``--warmup``.
-Peak memory (activations, gradients and workspace; model and input excluded): CUDA ->
+the ratio to the ViT of the same size (``-t``/``-s`` models -> ViT-S, ``-b`` -> ViT-B; ``--ref``
+picks one reference for all) measured in that run. Throughput = images / second over
+``--iters`` timed iterations after ``--warmup``. Peak memory (activations, gradients and workspace; model and input excluded): CUDA ->
 ``torch.cuda.max_memory_allocated`` minus what was allocated before the first step; CPU -> peak
 resident set size minus the resident size before the first step (each CPU case runs in its own
 process, so the peak is its own).
@@ -41,8 +41,11 @@ ARCHS = {
 MODES = ('fwd', 'fwd+bwd', 'train')
 
 
-def reference_of(name: str) -> str:
-    """The ViT a model is compared with: same size letter, ``t`` compared with ViT-S."""
+def reference_of(name: str, ref: str | None = None) -> str:
+    """The model ``name`` is compared with: ``ref`` if given, else the ViT of its size letter
+    (``t`` compared with ViT-S)."""
+    if ref:
+        return ref
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
@@ -207,7 +210,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
 
 def run(args) -> list[dict]:
     names = list(args.archs)
-    for ref in {reference_of(n) for n in names}:  # the references are measured in the same run
+    for ref in {reference_of(n, args.ref) for n in names}:  # measured in the same run
         if ref not in names:
             names.insert(0, ref)
     rows = []
@@ -219,8 +222,8 @@ def run(args) -> list[dict]:
                 print(f'[{n} {res}px {mode}] {json.dumps(results[n])}',
                       file=sys.stderr, flush=True)
             for n in names:
-                r, ref = results[n], results[reference_of(n)]
-                rows.append(dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n),
+                r, ref = results[n], results[reference_of(n, args.ref)]
+                rows.append(dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n, args.ref),
                                  speed_ratio=r['imgs'] / ref['imgs'],
                                  mem_ratio=r['mem'] / max(ref['mem'], 1e-9)))
     return rows
@@ -264,6 +267,9 @@ def parse_args(argv=None):
                         'of recomputing it (CUDA A/B of memory and speed; CPU is unaffected)')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
+    parser.add_argument('--ref', choices=list(ARCHS),
+                        help='compare every model with this one (e.g. vit-b); default: the ViT '
+                        'of its size (t and s -> vit-s, b -> vit-b)')
     parser.add_argument('--json', help='also write the rows to this JSON file')
     parser.add_argument('--profile', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
                         help='instead of the table: profile one case (torch.profiler) and print '
