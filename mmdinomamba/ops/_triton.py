@@ -23,8 +23,11 @@ files, its ``__init__.py`` not executed) in ``sys.modules`` and import the kerne
 through it. We do NOT insert a fake ``selective_scan_cuda`` module: the bare package is only
 created when the real package cannot be imported at all, so it hides nothing that worked.
 
-Any failure (no CUDA, no Triton, no ``mamba_ssm``, an import error inside the kernels) is
-logged once and the caller falls back to the portable PyTorch implementation.
+Any failure (no CUDA, no Triton, no ``mamba_ssm``, an import error inside the kernels, a failed
+self-check) is logged once and the caller falls back to the portable PyTorch implementation.
+Dispatchers call every kernel through :func:`run_kernel`, which also disables a kernel that fails
+at run time and is opaque to ``torch.compile``; :func:`on_kernel_device` is the one test of
+whether a tensor takes the kernel branch.
 """
 import contextlib
 import importlib
