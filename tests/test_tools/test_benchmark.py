@@ -21,22 +21,24 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     d = rows['dinovim-t']
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
-    assert ('fused_conv=False fused_merge=False recompute_conv=False with_cp=False'
-            in capsys.readouterr().out)
+    assert ('fused_conv=False fused_merge=False recompute_conv=False with_cp=False '
+            'chunk_size=default' in capsys.readouterr().out)
 
 
 def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
         tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--with-cp']))
+                         '--with-cp', '--chunk-size', '64']))
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
     assert not mixer.fused_conv and not mixer.fused_merge and not mixer.recompute_conv
+    assert mixer.chunk_size == 64
     assert model.with_cp
     model = tool._build('dinovim-t', 'cpu', tool.build_options(tool.parse_args([])))
     mixer = model.layers[0].mixer
     assert mixer.fused_conv and mixer.fused_merge and mixer.recompute_conv
+    assert mixer.chunk_size == 256
     assert not model.with_cp
     assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
 

@@ -3,8 +3,9 @@
 Each backbone is measured at each resolution in the same run, and its numbers are printed next to
 the ratio to the ViT of the same size (``-t``/``-s`` models -> ViT-S, ``-b`` -> ViT-B; ``--ref``
 picks one reference for all) measured in that run. Throughput = images / second over
-``--iters`` timed iterations after ``--warmup``. Peak memory (activations, gradients and workspace; model and input excluded): CUDA ->
-``torch.cuda.max_memory_allocated`` minus what was allocated before the first step; CPU -> peak
+``--iters`` timed iterations after ``--warmup``. Peak memory (activations, gradients and
+workspace; model and input excluded): CUDA -> ``torch.cuda.max_memory_allocated`` minus what
+was allocated before the first step (the whole peak is printed as ``total MiB``); CPU -> peak
 resident set size minus the resident size before the first step (each CPU case runs in its own
 process, so the peak is its own).
 
@@ -59,6 +60,8 @@ def build_options(args) -> dict:
         mixer['fused_merge'] = False
     if args.no_recompute_conv:
         mixer['recompute_conv'] = False
+    if args.chunk_size:
+        mixer['chunk_size'] = args.chunk_size
     return dict(mixer=mixer, with_cp=args.with_cp)
 
 
@@ -202,6 +205,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
     cmd += ['--compile'] if args.compile else []
     for flag in ('no_fused_conv', 'no_fused_merge', 'no_recompute_conv', 'with_cp'):
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
+    cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode:
         raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
@@ -265,6 +269,9 @@ def parse_args(argv=None):
     parser.add_argument('--no-recompute-conv', action='store_true',
                         help='DinoVim/MambaReg: keep the conv output for the backward pass instead '
                         'of recomputing it (CUDA A/B of memory and speed; CPU is unaffected)')
+    parser.add_argument('--chunk-size', type=int,
+                        help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
+                        'the official models; the result changes only by rounding)')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--ref', choices=list(ARCHS),
@@ -293,7 +300,7 @@ def main(argv=None) -> None:
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} fused_conv={not args.no_fused_conv} '
           f'fused_merge={not args.no_fused_merge} recompute_conv={not args.no_recompute_conv} '
-          f'with_cp={args.with_cp} '
+          f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:

@@ -107,9 +107,12 @@ def timings(quick):
             for i, t in enumerate(scan_inputs(batch, length, heads))
         ]
         args = [a.requires_grad_() for a in args]
-        for backend in ('triton', 'torch'):
-            ms = timeit(lambda: ssd_scan(*args, backend=backend).float().sum().backward())
-            print(f'scan fwd+bwd B={batch} L={length} h={heads} {backend:<6}: {ms:8.2f} ms')
+        # the chunk size changes only rounding, not the result: which one is fastest here?
+        for backend, chunk in (('triton', 64), ('triton', 128), ('triton', 256), ('torch', 64)):
+            ms = timeit(lambda: ssd_scan(*args, chunk_size=chunk, backend=backend).float().sum()
+                        .backward())
+            print(f'scan fwd+bwd B={batch} L={length} h={heads} {backend:<6} chunk {chunk:>3}: '
+                  f'{ms:8.2f} ms')
     m = BiSSD(768).cuda()
     x = torch.randn(64 if not quick else 8, 197, 768, device='cuda', requires_grad=True)
     for single, conv, merge, recompute in ((True, True, True, True), (True, True, True, False),
@@ -130,6 +133,16 @@ def timings(quick):
         print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
               f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute}: '
               f'{ms:8.2f} ms, peak {peak:7.1f} MiB')
+    m.single_scan = m.fused_conv = m.fused_merge = m.recompute_conv = True
+    for chunk in (64, 128, 256):
+        m.chunk_size = chunk
+
+        def step():
+            with torch.autocast('cuda', dtype=torch.bfloat16):
+                m(x).float().sum().backward()
+
+        print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 default path, chunk {chunk}: '
+              f'{timeit(step):8.2f} ms')
 
 
 def main():
