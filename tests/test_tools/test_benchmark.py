@@ -14,31 +14,32 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     out = tmp_path / 'rows.json'
     _tool().main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
                   '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--no-fused-conv',
-                  '--no-fused-merge', '--no-recompute-conv', '--json', str(out)])
+                  '--no-fused-merge', '--no-recompute-conv', '--no-recompute-merge', '--json',
+                  str(out)])
     rows = {r['arch']: r for r in json.loads(out.read_text())}
     assert set(rows) == {'vit-s', 'dinovim-t'}  # the reference was added and measured
     assert rows['vit-s']['speed_ratio'] == 1.0
     d = rows['dinovim-t']
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
-    assert ('fused_conv=False fused_merge=False recompute_conv=False with_cp=False '
-            'chunk_size=default' in capsys.readouterr().out)
+    assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
+            'with_cp=False chunk_size=default' in capsys.readouterr().out)
 
 
 def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
         tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--with-cp', '--chunk-size', '64']))
+                         '--no-recompute-merge', '--with-cp', '--chunk-size', '64']))
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
     assert not mixer.fused_conv and not mixer.fused_merge and not mixer.recompute_conv
-    assert mixer.chunk_size == 64
+    assert not mixer.recompute_merge and mixer.chunk_size == 64
     assert model.with_cp
     model = tool._build('dinovim-t', 'cpu', tool.build_options(tool.parse_args([])))
     mixer = model.layers[0].mixer
     assert mixer.fused_conv and mixer.fused_merge and mixer.recompute_conv
-    assert mixer.chunk_size == 256
+    assert mixer.recompute_merge and mixer.chunk_size == 256
     assert not model.with_cp
     assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
 

@@ -60,6 +60,8 @@ def build_options(args) -> dict:
         mixer['fused_merge'] = False
     if args.no_recompute_conv:
         mixer['recompute_conv'] = False
+    if args.no_recompute_merge:
+        mixer['recompute_merge'] = False
     if args.chunk_size:
         mixer['chunk_size'] = args.chunk_size
     return dict(mixer=mixer, with_cp=args.with_cp)
@@ -203,7 +205,8 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in ('no_fused_conv', 'no_fused_merge', 'no_recompute_conv', 'with_cp'):
+    for flag in ('no_fused_conv', 'no_fused_merge', 'no_recompute_conv', 'no_recompute_merge',
+                 'with_cp'):
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -269,6 +272,9 @@ def parse_args(argv=None):
     parser.add_argument('--no-recompute-conv', action='store_true',
                         help='DinoVim/MambaReg: keep the conv output for the backward pass instead '
                         'of recomputing it (CUDA A/B of memory and speed; CPU is unaffected)')
+    parser.add_argument('--no-recompute-merge', action='store_true',
+                        help='DinoVim/MambaReg: keep the merged output for out_proj instead of '
+                        'recomputing it (CUDA A/B; CPU is unaffected)')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
@@ -300,6 +306,7 @@ def main(argv=None) -> None:
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} fused_conv={not args.no_fused_conv} '
           f'fused_merge={not args.no_fused_merge} recompute_conv={not args.no_recompute_conv} '
+          f'recompute_merge={not args.no_recompute_merge} '
           f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))

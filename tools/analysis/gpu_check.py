@@ -115,11 +115,14 @@ def timings(quick):
                   f'{ms:8.2f} ms')
     m = BiSSD(768).cuda()
     x = torch.randn(64 if not quick else 8, 197, 768, device='cuda', requires_grad=True)
-    for single, conv, merge, recompute in ((True, True, True, True), (True, True, True, False),
-                                           (True, False, True, False), (True, True, False, True),
-                                           (True, False, False, False), (False, True, True, False)):
+    variants = (  # single_scan, fused_conv, fused_merge, recompute_conv, recompute_merge
+        (True, True, True, True, True), (True, True, True, True, False),
+        (True, True, True, False, False), (True, False, True, False, False),
+        (True, True, False, True, False), (True, False, False, False, False),
+        (False, True, True, False, False))
+    for single, conv, merge, recompute, recompute_merge in variants:
         m.single_scan, m.fused_conv, m.fused_merge = single, conv, merge
-        m.recompute_conv = recompute
+        m.recompute_conv, m.recompute_merge = recompute, recompute_merge
 
         def step():
             with torch.autocast('cuda', dtype=torch.bfloat16):
@@ -131,9 +134,10 @@ def timings(quick):
         step()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
-              f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute}: '
+              f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute} '
+              f'recompute_merge={recompute_merge}: '
               f'{ms:8.2f} ms, peak {peak:7.1f} MiB')
-    m.single_scan = m.fused_conv = m.fused_merge = m.recompute_conv = True
+    m.single_scan = m.fused_conv = m.fused_merge = m.recompute_conv = m.recompute_merge = True
     for chunk in (64, 128, 256):
         m.chunk_size = chunk
 

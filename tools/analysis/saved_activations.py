@@ -5,9 +5,10 @@ during one training forward in bf16 autocast, and isolates what one layer keeps 
 four runs (1 and 2 layers x batch 1 and 2), so parameters, their bf16 casts and the stem cancel
 out. Divided by the number of tokens it gives bytes per layer and token; times layers x batch x
 tokens it projects a model's activation memory (without the optimizer, parameters and
-workspace). Variants: ``recompute`` (the default CUDA path: fused conv, fused merge, conv
-recomputed in backward), ``keep`` (conv output kept), ``unfused`` (flip / cat / conv and two
-separate gated norms), ``portable`` (the PyTorch specification).
+workspace). Variants: ``recompute`` (the default CUDA path: fused conv, fused merge, conv and
+merged output recomputed in backward), ``keep-merge`` (merged output kept), ``keep`` (conv
+output and merged output kept), ``unfused`` (flip / cat / conv and two separate gated norms),
+``portable`` (the PyTorch specification).
 
 On a GPU it measures the real CUDA path. Without one, ``--interpret`` runs the same kernels on
 CPU under Triton's interpreter (``tests/kernel_interpreter.py``; slow, so use a small ``--res``:
@@ -23,8 +24,10 @@ import sys
 
 VARIANTS = {
     'recompute': dict(),
-    'keep': dict(recompute_conv=False),
-    'unfused': dict(recompute_conv=False, fused_conv=False, fused_merge=False),
+    'keep-merge': dict(recompute_merge=False),
+    'keep': dict(recompute_conv=False, recompute_merge=False),
+    'unfused': dict(recompute_conv=False, recompute_merge=False, fused_conv=False,
+                    fused_merge=False),
     'portable': None,
 }
 WIDTHS = dict(t=256, s=512, b=768)
@@ -57,7 +60,8 @@ def per_layer_image(arch: str, res: int, variant: str, device: str) -> int:
         model = DinoVim(arch=dict(embed_dims=WIDTHS[arch], num_layers=layers),
                         drop_path_rate=0.).to(device)
         for layer in model.layers:
-            switches = dict(recompute_conv=True, fused_conv=True, fused_merge=True)
+            switches = dict(recompute_conv=True, recompute_merge=True, fused_conv=True,
+                            fused_merge=True)
             for key, value in {**switches, **(VARIANTS[variant] or {})}.items():
                 setattr(layer.mixer, key, value)
         for batch in (1, 2):

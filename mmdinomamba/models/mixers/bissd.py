@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-from mmdinomamba.ops import (bidir_causal_conv1d, bidir_conv_scan, bidir_gated_merge,
+from mmdinomamba.ops import (_triton, bidir_causal_conv1d, bidir_conv_scan, bidir_gated_merge,
                              gated_rms_norm, ssd_mixing_matrix, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import split_conv_output
@@ -86,6 +87,9 @@ class BiSSD(BaseModule):
             in the backward pass instead of keeping its output
             (:func:`~mmdinomamba.ops.bidir_conv_scan`; about a quarter less activation memory
             per layer for one extra conv). Same result. Defaults to True.
+        recompute_merge (bool): on CUDA with ``fused_merge``, while training, recompute the
+            merged output in the backward pass instead of keeping it for ``out_proj`` (its
+            inputs are kept anyway; one extra merge kernel). Same result. Defaults to True.
         backend (str): SSD backend (see :func:`mmdinomamba.ops.ssd_scan`). Defaults to 'auto'.
         num_heads (int, optional): if given, must equal the derived ``nheads`` (a check for
             generic backbone code). Defaults to None.
@@ -112,6 +116,7 @@ class BiSSD(BaseModule):
                  fused_conv: bool = True,
                  fused_merge: bool = True,
                  recompute_conv: bool = True,
+                 recompute_merge: bool = True,
                  backend: str = 'auto',
                  num_heads: int | None = None,
                  init_cfg=None):
@@ -127,7 +132,7 @@ class BiSSD(BaseModule):
         self.headdim, self.ngroups, self.num_heads = headdim, ngroups, d_inner // headdim
         self.chunk_size, self.single_scan, self.backend = chunk_size, single_scan, backend
         self.fused_conv, self.fused_merge = fused_conv, fused_merge
-        self.recompute_conv = recompute_conv
+        self.recompute_conv, self.recompute_merge = recompute_conv, recompute_merge
         self.rmsnorm = rmsnorm
         h, conv_dim = self.num_heads, d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(embed_dims, 2 * d_inner + 2 * ngroups * d_state + h, bias=bias)
@@ -211,12 +216,21 @@ class BiSSD(BaseModule):
                                 self.backend)
         else:
             y = self._scan(*self._scan_inputs(xBC, dt))  # backward heads in flipped order
+        y = y.flatten(2)
+        if (self.fused_merge and self.recompute_merge and torch.is_grad_enabled()
+                and _triton.on_kernel_device(y)):
+            # keep y and z (kept by the scan and the conv anyway), not the merged output
+            return checkpoint(self._merge_out, y, z, use_reentrant=False)
+        return self._merge_out(y, z)
+
+    def _merge_out(self, y: Tensor, z: Tensor) -> Tensor:
+        """``out_proj`` of the merged directions (y (B, L, 2 d_inner), backward half flipped)."""
         merge = bidir_gated_merge if self.fused_merge else bidir_gated_merge_portable
         if self.rmsnorm:  # (norm(y_f, z) + norm_b(flip(y_b), z)) / 2
             weight = torch.stack([self.norm.weight, self.norm_b.weight])
-            mixed = merge(y.flatten(2), z, weight, self.norm.eps, self.norm.group_size)
+            mixed = merge(y, z, weight, self.norm.eps, self.norm.group_size)
         else:  # (y_f + flip(y_b)) / 2 * silu(z)
-            mixed = merge(y.flatten(2), z, None)
+            mixed = merge(y, z, None)
         return self.out_proj(mixed)
 
     @torch.no_grad()

@@ -106,7 +106,7 @@ _INTERPRETED = textwrap.dedent('''
         _triton._cache[key] = lambda *a, _k=kernel, _n=key: calls.append(_n) or _k(*a)
     compiled = run(torch.compile(model, backend='aot_eager'), x, w)
     worst['compiled'] = max(rel(a, b) for a, b in zip(compiled, fast))
-    print('CALLS', sorted(calls))
+    print('CALLS', calls.count('bidir_merge'), calls.count('conv_scan'))
     print('WORST', worst['scan'], worst['dinovim'], worst['compiled'])
 ''')
 
@@ -120,7 +120,8 @@ def test_fast_path_matches_portable_in_triton_interpreter(run_interpreted):
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
     out = run_interpreted(_INTERPRETED, timeout=600)
     assert "KERNELS ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in out, out
-    # two layers, each kernel once per forward: the compiled model ran them, not the fallback
-    assert "CALLS ['bidir_merge', 'bidir_merge', 'conv_scan', 'conv_scan']" in out, out
+    # two layers: conv + scan once each, the merge twice (forward, recomputed in backward); the
+    # compiled model ran the kernels, not the fallback
+    assert 'CALLS 4 2' in out, out
     scan, dinovim, compiled = map(float, out.split('WORST')[-1].split())
     assert scan < 1e-5 and dinovim < 1e-5 and compiled < 1e-5, (scan, dinovim, compiled)
