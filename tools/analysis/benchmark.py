@@ -50,18 +50,20 @@ def reference_of(name: str, ref: str | None = None) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
+# BiSSD switches of the CUDA path, each with a --no-<switch> flag for A/B runs (CPU: no effect)
+MIXER_SWITCHES = {
+    'fused_conv': 'the flip/cat/conv composition instead of our fused bidirectional conv kernel',
+    'fused_merge': 'flip + two gated RMSNorms + average as separate ops instead of our fused '
+                   'merge kernel',
+    'recompute_conv': 'keep the conv output for the backward pass instead of recomputing it',
+    'recompute_merge': 'keep the merged output for out_proj instead of recomputing it',
+}
+
+
 def build_options(args) -> dict:
     """Backbone options from the command line: ``mixer`` (overrides of the Mamba mixers'
-    fused-kernel switches) and ``with_cp`` (activation checkpointing per block)."""
-    mixer = {}
-    if args.no_fused_conv:
-        mixer['fused_conv'] = False
-    if args.no_fused_merge:
-        mixer['fused_merge'] = False
-    if args.no_recompute_conv:
-        mixer['recompute_conv'] = False
-    if args.no_recompute_merge:
-        mixer['recompute_merge'] = False
+    switches and chunk size) and ``with_cp`` (activation checkpointing per block)."""
+    mixer = {name: False for name in MIXER_SWITCHES if getattr(args, f'no_{name}')}
     if args.chunk_size:
         mixer['chunk_size'] = args.chunk_size
     return dict(mixer=mixer, with_cp=args.with_cp)
@@ -205,8 +207,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in ('no_fused_conv', 'no_fused_merge', 'no_recompute_conv', 'no_recompute_merge',
-                 'with_cp'):
+    for flag in [f'no_{name}' for name in MIXER_SWITCHES] + ['with_cp']:
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -263,18 +264,9 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    parser.add_argument('--no-fused-conv', action='store_true',
-                        help="DinoVim/MambaReg: the flip/cat/conv composition instead of our "
-                        "fused bidirectional conv kernel (CUDA A/B; CPU is unaffected)")
-    parser.add_argument('--no-fused-merge', action='store_true',
-                        help="DinoVim/MambaReg: flip + two gated RMSNorms + average as separate "
-                        "ops instead of our fused merge kernel (CUDA A/B; CPU is unaffected)")
-    parser.add_argument('--no-recompute-conv', action='store_true',
-                        help='DinoVim/MambaReg: keep the conv output for the backward pass instead '
-                        'of recomputing it (CUDA A/B of memory and speed; CPU is unaffected)')
-    parser.add_argument('--no-recompute-merge', action='store_true',
-                        help='DinoVim/MambaReg: keep the merged output for out_proj instead of '
-                        'recomputing it (CUDA A/B; CPU is unaffected)')
+    for name, what in MIXER_SWITCHES.items():
+        parser.add_argument(f'--no-{name.replace("_", "-")}', action='store_true',
+                            help=f'DinoVim/MambaReg: {what} (CUDA A/B; CPU is unaffected)')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
@@ -304,9 +296,8 @@ def main(argv=None) -> None:
         return
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
-          f'compile={args.compile} fused_conv={not args.no_fused_conv} '
-          f'fused_merge={not args.no_fused_merge} recompute_conv={not args.no_recompute_conv} '
-          f'recompute_merge={not args.no_recompute_merge} '
+          f'compile={args.compile} '
+          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in MIXER_SWITCHES) +
           f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
