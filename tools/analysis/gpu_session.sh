@@ -33,6 +33,18 @@ if [[ $what == official ]]; then
   if ! cc1d_ok 2>/dev/null; then
     src=$(ls .external/causal_conv1d-*.tar.gz | head -1)
     tmp=$(mktemp -d) && tar -xzf "$src" -C "$tmp"
+    # build for Hopper (sm_90: H100, H200) only, not its ten default architectures: turn every
+    # other `-gencode` pair of its setup.py into `pass`
+    python3 - "$tmp"/causal_conv1d-*/setup.py <<'PY' || exit 1
+import re, sys
+text = open(sys.argv[1]).read()
+pair = (r'^([ \t]*)cc_flag\.append\("-gencode"\)\s*\n\s*'
+        r'cc_flag\.append\("arch=compute_(?!90,)\d+,code=sm_\d+"\)\n')
+text, n = re.subn(pair, r'\1pass\n', text, flags=re.M)
+compile(text, sys.argv[1], 'exec')
+open(sys.argv[1], 'w').write(text)
+print(f'causal_conv1d: {n} architectures other than sm_90 dropped')
+PY
     start=$SECONDS
     (cd "$tmp"/causal_conv1d-* && CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=16 \
       NVCC_APPEND_FLAGS='--threads 4' python3 -m pip install -q --no-build-isolation --no-deps \
