@@ -50,3 +50,20 @@ def route(mamba: bool = True) -> list:
         bidir_conv_scan_triton.self_check(device='cpu')  # against the routed composition
         _triton._cache['conv_scan'] = bidir_conv_scan_triton.bidir_conv_scan
     return sorted(k for k, v in _triton._cache.items() if v is not None)
+
+
+def count_calls(*keys) -> list:
+    """Wrap the routed kernels ``keys`` (``_triton`` cache keys, after :func:`route`) so that
+    each call appends its key to the returned list."""
+    from mmdinomamba.ops import _triton
+    calls = []
+
+    def counted(key, fn):
+        def wrapper(*args, **kwargs):
+            calls.append(key)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for key in keys:
+        _triton._cache[key] = counted(key, _triton._cache[key])
+    return calls

@@ -133,7 +133,6 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
     triggers the check, may come from a no-grad DINO teacher or a bf16 autocast forward),
     backpropagate ``grad_out`` and raise if the output or a gradient (``names``, in order)
     differs by more than ``tol`` relative error."""
-    import torch
     device_type = inputs[0].device.type
     results = []
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device_type,

@@ -1,6 +1,6 @@
 """Both directions' causal conv + SSD scan of a bidirectional Mamba-2 mixer in one call, with
 the conv recomputed in the backward pass instead of kept."""
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ from . import _triton
 from .bidir_conv import bidir_causal_conv1d
 from .ssd import ssd_scan
 
-__all__ = ['bidir_conv_scan', 'split_conv_output']
+__all__ = ['bidir_conv_scan', 'split_conv_output', 'conv_scan_inputs']
 
 
 def split_conv_output(conv: Tensor, splits: Sequence[int], headdim: int,
@@ -25,16 +25,26 @@ def split_conv_output(conv: Tensor, splits: Sequence[int], headdim: int,
     return u, Bm, Cm
 
 
+def conv_scan_inputs(xBC: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dt: Tensor,
+                     dt_bias: Tensor, splits: Sequence[int], headdim: int, d_state: int,
+                     conv_fn: Callable = bidir_causal_conv1d) -> tuple[Tensor, ...]:
+    """Scan inputs ``u``, ``dt`` (after bias and softplus, in float32 or better), ``B``, ``C``
+    of both directions: ``conv_fn`` (:func:`bidir_causal_conv1d` or its portable spec) + SiLU
+    on ``xBC``, split by :func:`split_conv_output`."""
+    conv = conv_fn(xBC, conv_weight, conv_bias, splits, 'silu')
+    u, Bm, Cm = split_conv_output(conv, splits, headdim, d_state)
+    ct = torch.promote_types(dt.dtype, torch.float32)
+    return u, F.softplus(dt.to(ct) + dt_bias.to(ct)), Bm, Cm
+
+
 def bidir_conv_scan_composed(xBC: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
                              dt: Tensor, dt_bias: Tensor, A: Tensor, D: Tensor,
                              splits: Sequence[int], headdim: int, d_state: int,
                              chunk_size: int = 256, backend: str = 'auto') -> Tensor:
     """:func:`bidir_conv_scan` as the composition of :func:`bidir_causal_conv1d` and
     :func:`ssd_scan` (each dispatching on its own; the specification on CPU)."""
-    conv = bidir_causal_conv1d(xBC, conv_weight, conv_bias, splits, 'silu')
-    u, Bm, Cm = split_conv_output(conv, splits, headdim, d_state)
-    ct = torch.promote_types(dt.dtype, torch.float32)  # dt in float32 or better
-    dt = F.softplus(dt.to(ct) + dt_bias.to(ct))
+    u, dt, Bm, Cm = conv_scan_inputs(xBC, conv_weight, conv_bias, dt, dt_bias, splits, headdim,
+                                     d_state)
     return ssd_scan(u, dt, A, Bm, Cm, D, chunk_size=chunk_size, backend=backend)
 
 

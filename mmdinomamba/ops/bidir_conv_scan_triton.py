@@ -12,16 +12,12 @@ import torch
 
 from . import bidir_conv_triton
 from ._triton import import_mamba_module
+from .bidir_conv_scan import split_conv_output as _views
 
 __all__ = ['bidir_conv_scan', 'self_check']
 
 _ssd = import_mamba_module('mamba_ssm.ops.triton.ssd_combined')
 _scan_fwd, _scan_bwd = _ssd._mamba_chunk_scan_combined_fwd, _ssd._mamba_chunk_scan_combined_bwd
-
-
-def _views(conv, splits, headdim, d_state):
-    from .bidir_conv_scan import split_conv_output
-    return split_conv_output(conv, splits, headdim, d_state)
 
 
 class _BidirConvScan(torch.autograd.Function):

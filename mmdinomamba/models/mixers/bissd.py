@@ -8,7 +8,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
@@ -17,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from mmdinomamba.ops import (_triton, bidir_causal_conv1d, bidir_conv_scan, bidir_gated_merge,
                              gated_rms_norm, ssd_mixing_matrix, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
-from mmdinomamba.ops.bidir_conv_scan import split_conv_output
+from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
 
 __all__ = ['BiSSD', 'GatedRMSNorm']
@@ -189,11 +188,10 @@ class BiSSD(BaseModule):
         """
         # channels [x_f, x_b, B_f, B_b, C_f, C_b], backward parts in flipped time order
         conv_fn = bidir_causal_conv1d if self.fused_conv else bidir_causal_conv1d_portable
-        conv = conv_fn(xBC, *self._conv_params(), self._splits(), activation='silu')
-        u, Bm, Cm = split_conv_output(conv, self._splits(), self.headdim, self.d_state)
         dt, dt_bias, A, D = self._direction_params(dt)
-        ct = A.dtype  # dt in float32 or better
-        return u, F.softplus(dt.to(ct) + dt_bias.to(ct)), A, Bm, Cm, D
+        u, dt, Bm, Cm = conv_scan_inputs(xBC, *self._conv_params(), dt, dt_bias, self._splits(),
+                                         self.headdim, self.d_state, conv_fn)
+        return u, dt, A, Bm, Cm, D
 
     def _scan(self, u, dt, A, Bm, Cm, D) -> Tensor:
         """(B, L, 2h, p) outputs of both directions, in one or two scan calls."""
