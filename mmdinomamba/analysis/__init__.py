@@ -2,8 +2,9 @@
 
 ``plots`` (matplotlib) is not imported here; use ``from mmdinomamba.analysis import plots``.
 """
+from .backbone_eval import backbone_features, evaluate_binary_auc
 from .featmaps import FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens
 from .pca import pca_rgb, principal_components
 
 __all__ = ['FeatMaps', 'compute_featmaps', 'cosine_maps', 'mixing_maps', 'query_tokens',
-           'pca_rgb', 'principal_components']
+           'pca_rgb', 'principal_components', 'backbone_features', 'evaluate_binary_auc']

@@ -69,9 +69,58 @@ def test_teacher_hook_rejects_other_models():
         DINOTeacherHook().before_train(fake_runner(torch.nn.Linear(2, 2)))
 
 
-def _outputs(loss=5., entropy=2., kl=1.):
+def _outputs(loss=5., entropy=2., batch_entropy=4., kl=1.):
     return dict(loss=torch.tensor(loss), teacher_entropy=torch.tensor(entropy),
-                kl=torch.tensor(kl))
+                teacher_batch_entropy=torch.tensor(batch_entropy), kl=torch.tensor(kl),
+                prototypes_used=torch.tensor(10.))
+
+
+def _signals(probs):
+    from mmdinomamba.models.heads import teacher_collapse_signals
+    return {k: float(v) for k, v in teacher_collapse_signals(probs).items()}
+
+
+def synthetic_teacher(kind, n=64, k=256, seed=0):
+    """(n, k) teacher distributions of a known state."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == 'sharp-diverse':  # sharp, argmax spread over 44 prototypes
+        logits = torch.randn(n, k, generator=g)
+        logits[torch.arange(n), torch.randint(0, 44, (n,), generator=g)] += 30.
+    elif kind == 'one-prototype':  # blurry but every image piles onto the same prototype
+        logits = torch.randn(n, k, generator=g) * 0.3
+        logits[:, 7] += 5.2
+    elif kind == 'one-dimension-sharp':
+        logits = torch.randn(n, k, generator=g) * 0.3
+        logits[:, 3] += 40.
+    elif kind == 'uniform':
+        logits = torch.randn(n, k, generator=g) * 1e-3
+    return logits.softmax(dim=-1)
+
+
+@pytest.mark.parametrize('kind,expected', [
+    ('sharp-diverse', None), ('one-prototype', 'one-dimension'),
+    ('one-dimension-sharp', 'one-dimension'), ('uniform', 'uniform')])
+def test_collapse_signals_tell_the_states_apart(kind, expected):
+    from mmdinomamba.engine.hooks.dino_collapse_hook import collapse_kind
+    sig = _signals(synthetic_teacher(kind))
+    assert collapse_kind(sig['teacher_entropy'], sig['teacher_batch_entropy'],
+                         math.log(256)) == expected
+    if kind == 'sharp-diverse':  # sharp per image, yet healthy: the old per-image rule fired
+        assert sig['teacher_entropy'] < 0.01 * math.log(256)
+        assert 30 <= sig['prototypes_used'] <= 44
+    if kind == 'one-prototype':  # a high per-image entropy that the old rule accepted
+        assert 0.3 * math.log(256) < sig['teacher_entropy'] < 0.995 * math.log(256)
+        assert sig['prototypes_used'] == 1
+
+
+def test_collapse_signals_formulas():
+    p = torch.tensor([[1., 0., 0., 0.], [0., 1., 0., 0.], [.5, .5, 0., 0.]])
+    sig = _signals(p)
+    assert sig['teacher_entropy'] == pytest.approx(math.log(2) / 3, abs=1e-6)
+    mean = torch.tensor([.5, .5, 0., 0.])
+    assert sig['teacher_batch_entropy'] == pytest.approx(math.log(2), abs=1e-6)
+    assert sig['prototypes_used'] == 2  # the tie of row 3 goes to prototype 0
+    assert mean.sum() == 1
 
 
 def test_collapse_monitor_stops_on_nan_and_inf():
@@ -82,33 +131,54 @@ def test_collapse_monitor_stops_on_nan_and_inf():
         hook.after_train_iter(runner, 0, outputs=_outputs(loss=float('nan')))
     with pytest.raises(RuntimeError, match='kl is inf'):
         hook.after_train_iter(runner, 0, outputs=_outputs(kl=float('inf')))
+    with pytest.raises(RuntimeError, match='teacher_batch_entropy is nan'):
+        hook.after_train_iter(runner, 0, outputs=_outputs(batch_entropy=float('nan')))
 
 
-@pytest.mark.parametrize('ratio,kind', [(0.999, 'uniform'), (0.001, 'one-dimension')])
-def test_collapse_monitor_patience(ratio, kind):
+@pytest.mark.parametrize('kind,name', [('uniform', 'uniform'),
+                                       ('one-prototype', 'one-dimension'),
+                                       ('one-dimension-sharp', 'one-dimension')])
+def test_collapse_monitor_patience(kind, name):
     hook = DINOCollapseMonitorHook(patience=3, begin_iter=2)
-    runner = fake_runner(tiny_dino(out=64))
+    runner = fake_runner(tiny_dino(out=256))
     hook.before_train(runner)
-    assert hook.out_dim == 64
-    bad = _outputs(entropy=ratio * math.log(64), kl=1e-4)
+    assert hook.out_dim == 256
+    sig = _signals(synthetic_teacher(kind))
+    bad = _outputs(entropy=sig['teacher_entropy'], batch_entropy=sig['teacher_batch_entropy'],
+                   kl=1e-4)
+    good_sig = _signals(synthetic_teacher('sharp-diverse'))
+    good = _outputs(entropy=good_sig['teacher_entropy'],
+                    batch_entropy=good_sig['teacher_batch_entropy'])
     for it in range(2):  # before begin_iter: not counted
         runner.iter = it
         hook.after_train_iter(runner, 0, outputs=bad)
     runner.iter = 2
     hook.after_train_iter(runner, 0, outputs=bad)
     runner.iter = 3
-    hook.after_train_iter(runner, 0, outputs=_outputs(entropy=0.5 * math.log(64)))  # resets
+    hook.after_train_iter(runner, 0, outputs=good)  # resets
     for it in (4, 5):
         runner.iter = it
         hook.after_train_iter(runner, 0, outputs=bad)
     runner.iter = 6
-    with pytest.raises(RuntimeError, match=rf'iteration 7 .*{kind} collapse.*teacher_entropy = '
-                       r'[0-9.]+ nats .*3 consecutive iterations since iteration 5.*Try'):
+    with pytest.raises(RuntimeError, match=rf'iteration 7 .*{name} collapse.*3 consecutive '
+                       r'iterations since iteration 5.*teacher_entropy = [0-9.]+ nats.*'
+                       r'teacher_batch_entropy = [0-9.]+ nats.*prototypes_used.*Try'):
         hook.after_train_iter(runner, 0, outputs=bad)
+
+
+def test_collapse_monitor_quiet_on_a_sharp_diverse_teacher():
+    hook = DINOCollapseMonitorHook(patience=1)
+    runner = fake_runner(tiny_dino(out=256))
+    hook.before_train(runner)
+    for seed in range(5):
+        sig = _signals(synthetic_teacher('sharp-diverse', seed=seed))
+        runner.iter = seed
+        hook.after_train_iter(runner, 0, outputs=_outputs(
+            entropy=sig['teacher_entropy'], batch_entropy=sig['teacher_batch_entropy']))
 
 
 def test_collapse_monitor_arguments():
     with pytest.raises(ValueError, match='patience=0'):
         DINOCollapseMonitorHook(patience=0)
-    with pytest.raises(ValueError, match='min_entropy_ratio'):
-        DINOCollapseMonitorHook(min_entropy_ratio=0.5, max_entropy_ratio=0.4)
+    with pytest.raises(ValueError, match='min_info_ratio'):
+        DINOCollapseMonitorHook(min_info_ratio=1.5)

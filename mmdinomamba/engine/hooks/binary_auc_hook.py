@@ -12,14 +12,12 @@ import os.path as osp
 from operator import attrgetter
 from typing import Optional, Sequence, Union
 
-import torch
 from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS, MODELS
 
-from mmdinomamba.analysis.featmaps import compute_featmaps
-from mmdinomamba.evaluation.binary_auc import BinaryAUC
+from mmdinomamba.analysis.backbone_eval import evaluate_binary_auc
 
 BACKBONE_PATHS = ('teacher.backbone', 'teacher.module.backbone', 'backbone')
 
@@ -89,31 +87,11 @@ class BinaryAUCHook(Hook):
             self._loader = runner.build_dataloader(self._loader, seed=runner.seed)
         return self._loader
 
-    @torch.no_grad()
     def evaluate(self, runner, step: int) -> dict:
         """Run the evaluation now; returns and logs the metrics."""
-        backbone = find_backbone(runner.model)
-        was_training = backbone.training
-        backbone.eval()
-        device = next(backbone.parameters()).device
-        preprocessor = self.preprocessor.to(device)
-        metric = BinaryAUC(**self.metric_cfg)
-        examples = []
-        try:
-            for data in self._dataloader(runner):
-                data = preprocessor(data, False)
-                fm = compute_featmaps(backbone, data['inputs'], **self.featmap_cfg)
-                for sample, maps in zip(data['data_samples'], fm.maps):
-                    sample.set_field(maps.float().cpu(), 'pred_featmap')
-                    sample.set_metainfo(dict(featmap_layers=fm.layers))
-                start = len(metric.results)
-                metric.process(data, data['data_samples'])
-                for i in range(min(self.num_examples - len(examples), len(fm.maps))):
-                    examples.append((data['inputs'][i].cpu(), fm.maps[i].cpu(),
-                                     metric.results[start + i]['auc'], fm))
-            metrics = metric.evaluate(len(self._loader.dataset))
-        finally:
-            backbone.train(was_training)
+        metrics, examples = evaluate_binary_auc(
+            find_backbone(runner.model), self._dataloader(runner), self.preprocessor,
+            self.featmap_cfg, self.metric_cfg, num_examples=self.num_examples)
         self._log(runner, metrics, step)
         self._save_examples(runner, examples, step)
         self.last_metrics = metrics

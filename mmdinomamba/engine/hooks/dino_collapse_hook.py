@@ -7,7 +7,7 @@ from mmpretrain.registry import HOOKS
 
 from .dino_teacher_hook import unwrap_model
 
-__all__ = ['DINOCollapseMonitorHook']
+__all__ = ['DINOCollapseMonitorHook', 'collapse_kind']
 
 
 def _value(x) -> float:
@@ -17,48 +17,86 @@ def _value(x) -> float:
 NAN_HINT = ('Try: a lower learning rate or a longer warm-up, gradient clipping '
             '(optim_wrapper.clip_grad=dict(max_norm=3.0)), training without fp16 AMP, or a larger '
             'out_dim / batch (facebookresearch/dino issues #58, #263).')
-UNIFORM_HINT = ('The teacher output is ~uniform (centering dominates sharpening). Try: a lower '
-                'teacher_temp (sharper teacher, e.g. 0.04 or 0.02; dino#43), a lower '
-                'momentum_teacher (e.g. 0.99), a higher lr, or a larger batch.')
-ONEHOT_HINT = ('The teacher output concentrates on one dimension (sharpening dominates '
-               'centering). Try: a higher teacher_temp or warmup_teacher_temp, a higher '
-               'center_momentum in the loss, a lower lr, or a larger batch.')
+UNIFORM_HINT = ('The teacher output is ~uniform for every image (centering dominates '
+                'sharpening). Try: a lower teacher_temp (sharper teacher, e.g. 0.04 or 0.02; '
+                "dino#43), Sinkhorn-Knopp centering (model.loss.centering='sinkhorn_knopp'), a "
+                'lower momentum_teacher (e.g. 0.99), a higher lr, or a larger batch.')
+ONEHOT_HINT = ('Every image gets the same teacher output, dominated by a few prototypes '
+               '(sharpening dominates centering). Try: a higher teacher_temp, Sinkhorn-Knopp '
+               "centering (model.loss.centering='sinkhorn_knopp'), a lower center_momentum in "
+               'the loss (faster centering), a lower lr, or a larger batch.')
+
+
+def collapse_kind(entropy: float, batch_entropy: float, log_k: float,
+                  max_entropy_ratio: float = 0.995, min_info_ratio: float = 0.02
+                  ) -> Optional[str]:
+    """Which collapse (if any) the teacher's signals show.
+
+    ``info = batch_entropy - entropy`` is the information the teacher output carries about the
+    image (the mutual information between image and prototype under the teacher; log of the
+    number of equally used clusters for a sharp teacher, 0 when every image gets the same
+    distribution). A healthy teacher has a high ``info``; both of DINO's collapses have none.
+
+    Args:
+        entropy (float): mean per-image teacher entropy (nats).
+        batch_entropy (float): entropy of the batch-mean teacher distribution (nats).
+        log_k (float): ``log(K)`` of the head's output dimension K.
+        max_entropy_ratio (float): per-image entropy above this fraction of ``log K`` is the
+            uniform collapse. Defaults to 0.995.
+        min_info_ratio (float): ``info`` below this fraction of ``log K`` is a collapse:
+            'uniform' when the batch-mean distribution is near uniform too (entropy above
+            0.9 ``log K``), else 'one-dimension' (every image on the same few prototypes).
+            Defaults to 0.02.
+
+    Returns:
+        str | None: 'uniform', 'one-dimension' or None (healthy).
+    """
+    if entropy > max_entropy_ratio * log_k:
+        return 'uniform'
+    if batch_entropy - entropy < min_info_ratio * log_k:
+        return 'uniform' if batch_entropy > 0.9 * log_k else 'one-dimension'
+    return None
 
 
 @HOOKS.register_module()
 class DINOCollapseMonitorHook(Hook):
     """Watch the DINO model's logged signals after every iteration.
 
-    Raises ``RuntimeError`` (naming the iteration, the signal, its value and what to try) when
+    Raises ``RuntimeError`` (naming the iteration, the collapse, the signals and what to try)
+    when
 
-    * ``loss`` (or ``teacher_entropy`` / ``kl``) is NaN or inf, at once;
-    * the teacher collapsed: its mean entropy ``H`` (nats) stayed below
-      ``min_entropy_ratio * log(K)`` (one-dimension collapse) or above
-      ``max_entropy_ratio * log(K)`` (uniform collapse), ``K`` the head's output dimension,
-      for ``patience`` consecutive iterations (iterations before ``begin_iter`` do not count).
+    * ``loss`` (or any teacher signal / ``kl``) is NaN or inf, at once;
+    * the teacher collapsed (:func:`collapse_kind`) for ``patience`` consecutive iterations
+      (iterations before ``begin_iter`` do not count). The signals are the model's
+      ``teacher_entropy`` (mean per-image entropy), ``teacher_batch_entropy`` (entropy of the
+      batch-mean distribution) and ``prototypes_used`` (distinct argmax prototypes). A sharp
+      teacher that spreads the images over many prototypes is healthy, however low its
+      per-image entropy.
 
     Args:
         patience (int): consecutive collapsed iterations before stopping. Defaults to 200.
-        min_entropy_ratio (float): lower entropy bound as a fraction of ``log(K)``.
-            Defaults to 0.01.
-        max_entropy_ratio (float): upper bound as a fraction of ``log(K)``. Defaults to 0.995.
+        max_entropy_ratio (float): uniform collapse above this fraction of ``log(K)`` of
+            per-image entropy. Defaults to 0.995.
+        min_info_ratio (float): collapse when the batch-mean entropy exceeds the per-image
+            entropy by less than this fraction of ``log(K)``. Defaults to 0.02.
         begin_iter (int): first (0-based) iteration that is checked for collapse.
             Defaults to 0.
         out_dim (int, optional): ``K``; by default read from ``model.head.out_channels``.
     """
     priority = 'NORMAL'
+    SIGNALS = ('teacher_entropy', 'teacher_batch_entropy')
 
-    def __init__(self, patience: int = 200, min_entropy_ratio: float = 0.01,
-                 max_entropy_ratio: float = 0.995, begin_iter: int = 0,
+    def __init__(self, patience: int = 200, max_entropy_ratio: float = 0.995,
+                 min_info_ratio: float = 0.02, begin_iter: int = 0,
                  out_dim: Optional[int] = None):
         if patience < 1:
             raise ValueError(f'DINOCollapseMonitorHook: patience={patience} must be >= 1')
-        if not 0 <= min_entropy_ratio < max_entropy_ratio <= 1:
-            raise ValueError('DINOCollapseMonitorHook: need 0 <= min_entropy_ratio '
-                             f'({min_entropy_ratio}) < max_entropy_ratio ({max_entropy_ratio}) '
-                             '<= 1')
+        if not 0 < max_entropy_ratio <= 1 or not 0 <= min_info_ratio < 1:
+            raise ValueError('DINOCollapseMonitorHook: need 0 < max_entropy_ratio '
+                             f'({max_entropy_ratio}) <= 1 and 0 <= min_info_ratio '
+                             f'({min_info_ratio}) < 1')
         self.patience, self.begin_iter, self.out_dim = patience, begin_iter, out_dim
-        self.min_ratio, self.max_ratio = min_entropy_ratio, max_entropy_ratio
+        self.max_ratio, self.min_info_ratio = max_entropy_ratio, min_info_ratio
         self._streak, self._kind, self._since = 0, None, None
 
     def before_train(self, runner) -> None:
@@ -74,32 +112,37 @@ class DINOCollapseMonitorHook(Hook):
         if not outputs:
             return
         it = runner.iter + 1
-        for key in ('loss', 'teacher_entropy', 'kl'):
+        for key in ('loss', *self.SIGNALS, 'kl'):
             if key in outputs and not math.isfinite(_value(outputs[key])):
                 raise RuntimeError(f'DINO training stopped at iteration {it} (epoch '
                                    f'{runner.epoch + 1}): {key} is {_value(outputs[key])}. '
                                    + NAN_HINT)
-        if 'teacher_entropy' not in outputs or runner.iter < self.begin_iter:
+        if any(k not in outputs for k in self.SIGNALS) or runner.iter < self.begin_iter:
             return
-        self._check_collapse(runner, it, _value(outputs['teacher_entropy']),
-                             _value(outputs.get('kl', float('nan'))))
+        self._check_collapse(runner, it, {k: _value(v) for k, v in outputs.items()
+                                          if k in (*self.SIGNALS, 'prototypes_used', 'kl')})
 
-    def _check_collapse(self, runner, it: int, entropy: float, kl: float) -> None:
+    def _check_collapse(self, runner, it: int, signals: dict) -> None:
         log_k = math.log(self.out_dim)
-        kind = ('one-dimension' if entropy < self.min_ratio * log_k else
-                'uniform' if entropy > self.max_ratio * log_k else None)
+        kind = collapse_kind(signals['teacher_entropy'], signals['teacher_batch_entropy'],
+                             log_k, self.max_ratio, self.min_info_ratio)
         if kind is None or kind != self._kind:
             self._streak, self._kind, self._since = 0, kind, it
         if kind is None:
             return
         self._streak += 1
         if self._streak >= self.patience:
-            bound = (f'< {self.min_ratio} x log(K)' if kind == 'one-dimension' else
-                     f'> {self.max_ratio} x log(K)')
+            h, hb = signals['teacher_entropy'], signals['teacher_batch_entropy']
+            used = signals.get('prototypes_used', float('nan'))
             raise RuntimeError(
                 f'DINO training stopped at iteration {it} (epoch {runner.epoch + 1}): '
-                f'{kind} collapse of the teacher. Signal teacher_entropy = {entropy:.4f} nats '
-                f'(log(K) = {log_k:.4f} for K = {self.out_dim}; ratio {entropy / log_k:.4f} '
-                f'{bound}) for {self._streak} consecutive iterations since iteration '
-                f'{self._since}; kl(teacher||student) = {kl:.4g}. '
+                f'{kind} collapse of the teacher for {self._streak} consecutive iterations '
+                f'since iteration {self._since}. Signals (log(K) = {log_k:.4f} for K = '
+                f'{self.out_dim}): teacher_entropy = {h:.4f} nats per image '
+                f'({h / log_k:.3f} x log(K); uniform above {self.max_ratio}), '
+                f'teacher_batch_entropy = {hb:.4f} nats (it exceeds the per-image entropy by '
+                f'{hb - h:.4f} nats = {(hb - h) / log_k:.3f} x log(K): the information the '
+                f'teacher output carries about the image; collapsed below '
+                f'{self.min_info_ratio}), prototypes_used = {used:.0f}, '
+                f'kl(teacher||student) = {signals.get("kl", float("nan")):.4g}. '
                 + (ONEHOT_HINT if kind == 'one-dimension' else UNIFORM_HINT))

@@ -15,7 +15,9 @@ import torch
 from mmpretrain.models.selfsup.base import BaseSelfSupervisor
 from mmpretrain.registry import MODELS
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..heads.dino_loss import koleo_loss
 from .dino_schedules import last_layer_frozen_at, teacher_momentum_at, teacher_temp_at
 
 __all__ = ['DINO']
@@ -53,6 +55,8 @@ class DINO(BaseSelfSupervisor):
         freeze_last_layer (float): epochs during which the student head's last layer gets no
             gradient (DINO's ``freeze_last_layer``). Defaults to 1.
         num_global_views (int): global views (teacher inputs). Defaults to 2.
+        koleo_weight (float): weight of the KoLeo regularizer (DINOv2) on the student's
+            backbone features of each global view; 0 disables it. Defaults to 0.
         data_preprocessor (dict, optional): Defaults to ``SelfSupDataPreprocessor``.
         init_cfg (dict, optional): init config of the whole model. When it is set (e.g. a DINO
             checkpoint), the teacher is NOT reset to the student in :meth:`init_weights`.
@@ -62,7 +66,8 @@ class DINO(BaseSelfSupervisor):
                  teacher_temp: float = 0.04, warmup_teacher_temp: float = 0.04,
                  warmup_teacher_temp_epochs: int = 0, momentum_teacher: float = 0.996,
                  final_momentum_teacher: float = 1.0, freeze_last_layer: float = 1,
-                 num_global_views: int = 2, data_preprocessor: Optional[dict] = None,
+                 num_global_views: int = 2, koleo_weight: float = 0.,
+                 data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(backbone=backbone, head=head, data_preprocessor=data_preprocessor,
                          init_cfg=init_cfg)
@@ -82,6 +87,7 @@ class DINO(BaseSelfSupervisor):
         self.momentum_cfg = dict(base=momentum_teacher, final=final_momentum_teacher)
         self.freeze_last_layer = freeze_last_layer
         self.num_global_views = num_global_views
+        self.koleo_weight = float(koleo_weight)
         self._progress: Optional[Progress] = None
 
     # ---- progress and schedules ---------------------------------------------------------
@@ -146,16 +152,24 @@ class DINO(BaseSelfSupervisor):
                 self.teacher[name].load_state_dict(getattr(self, name).state_dict())
 
     def train(self, mode: bool = True):
-        """The teacher always runs in eval mode (no stochastic depth / dropout, as in DINO)."""
+        """The teacher runs in eval mode (no stochastic depth / dropout), except its BatchNorm
+        layers (``DINOHead(use_bn=True)``), which normalize with batch statistics while training,
+        as the official teacher does (it is never put in eval mode there)."""
         super().train(mode)
         self.teacher.eval()
+        for m in self.teacher.modules():
+            if isinstance(m, _BatchNorm):
+                m.train(mode)
         return self
 
     # ---- forward ------------------------------------------------------------------------
     @staticmethod
     def _multicrop(backbone: nn.Module, head: nn.Module, views: Sequence[Tensor],
-                   freeze_last_layer: bool = False) -> Tensor:
-        """Backbone once per run of same-resolution views, head once: (sum_v B, K), view-major."""
+                   freeze_last_layer: bool = False) -> tuple[Tensor, Tensor]:
+        """Backbone once per run of same-resolution views, head once.
+
+        Returns the backbone features (sum_v B, C) and head outputs (sum_v B, K), view-major.
+        """
         feats, start = [], 0
         while start < len(views):
             stop = start + 1
@@ -164,14 +178,17 @@ class DINO(BaseSelfSupervisor):
             feats.append(backbone(torch.cat(list(views[start:stop])))[-1])
             start = stop
         feats = torch.cat(feats)
-        return head(feats, detach_last_layer=True) if freeze_last_layer else head(feats)
+        return feats, head(feats, detach_last_layer=freeze_last_layer)
 
     def loss(self, inputs: List[Tensor], data_samples=None) -> dict:
         """inputs: list of V view batches (B, 3, H_v, W_v) -> loss and logged scalars.
 
-        Returns ``loss``, ``teacher_entropy`` (nats), ``kl`` (teacher || student),
-        ``center_norm``, ``teacher_temp`` and ``momentum`` (all scalars; only ``loss`` has a
-        gradient). In training mode the loss center is updated after the loss.
+        Returns ``loss``, the teacher's collapse signals ``teacher_entropy`` (mean per-image
+        entropy, nats), ``teacher_batch_entropy`` (entropy of the batch-mean distribution) and
+        ``prototypes_used`` (distinct argmax prototypes in the batch), ``kl`` (teacher ||
+        student), ``center_norm``, ``teacher_temp``, ``momentum`` and, with ``koleo_weight``,
+        ``koleo`` (all scalars; only ``loss`` has a gradient). In training mode the loss center
+        is updated after the loss.
         """
         G = self.num_global_views
         if not isinstance(inputs, (list, tuple)) or len(inputs) <= G:
@@ -180,11 +197,17 @@ class DINO(BaseSelfSupervisor):
                              f'{len(inputs) if isinstance(inputs, (list, tuple)) else "-"}')
         temp, momentum = self.teacher_temp, self.momentum
         with torch.no_grad():
-            teacher_out = self._multicrop(self.teacher['backbone'], self.teacher['head'],
-                                          inputs[:G])
-        student_out = self._multicrop(self.backbone, self.head, inputs,
-                                      freeze_last_layer=self.training and self.last_layer_frozen)
+            _, teacher_out = self._multicrop(self.teacher['backbone'], self.teacher['head'],
+                                             inputs[:G])
+        student_feats, student_out = self._multicrop(
+            self.backbone, self.head, inputs,
+            freeze_last_layer=self.training and self.last_layer_frozen)
         losses = self.dino_loss(student_out, teacher_out, temp)
+        if self.koleo_weight > 0:
+            global_feats = student_feats[:teacher_out.shape[0]].chunk(G)
+            koleo = sum(koleo_loss(f) for f in global_feats) / G
+            losses['loss'] = losses['loss'] + self.koleo_weight * koleo
+            losses['koleo'] = koleo.detach()
         if self.training:
             self.dino_loss.update_center(teacher_out)
         scalar = teacher_out.new_tensor

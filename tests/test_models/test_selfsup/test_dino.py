@@ -117,8 +117,9 @@ def test_multicrop_runs_backbone_once_per_resolution():
     out = model.loss(views(batch=3, n_local=4))
     assert calls['student'] == [(6, 3, 32, 32), (12, 3, 16, 16)]
     assert calls['teacher'] == [(6, 3, 32, 32)]
-    assert set(out) == {'loss', 'teacher_entropy', 'kl', 'center_norm', 'teacher_temp',
-                        'momentum'}
+    assert set(out) == {'loss', 'teacher_entropy', 'teacher_batch_entropy', 'prototypes_used',
+                        'kl', 'center_norm', 'teacher_temp', 'momentum'}
+    assert 1 <= out['prototypes_used'] <= 6  # 2 global views x batch 3
     assert out['loss'].requires_grad
     assert all(not v.requires_grad for k, v in out.items() if k != 'loss')
 
@@ -160,3 +161,27 @@ def test_init_weights_keeps_loaded_teacher_when_init_cfg_given(tmp_path):
     model.init_weights()
     for k, v in src.teacher.state_dict().items():
         assert torch.equal(model.teacher.state_dict()[k], v), k
+
+
+def test_koleo_term_is_added_and_logged():
+    model = tiny_dino(koleo_weight=0.5).train()
+    plain = tiny_dino().train()
+    plain.load_state_dict(model.state_dict())  # before the loss updates the center
+    torch.manual_seed(0)
+    data = views(batch=4)
+    for m in (model, plain):
+        m.set_progress(0, 10, 5)
+    out, ref = model.loss(data), plain.loss(data)
+    assert out['koleo'].isfinite() and not out['koleo'].requires_grad
+    torch.testing.assert_close(out['loss'], ref['loss'] + 0.5 * out['koleo'])
+
+
+def test_teacher_batchnorm_uses_batch_statistics_in_training():
+    head = dict(type='DINOHead', in_channels=32, out_channels=16, hidden_channels=16,
+                bottleneck_channels=8, use_bn=True)
+    model = tiny_dino(head=head).train()
+    bns = [m for m in model.teacher.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert bns and all(m.training for m in bns)
+    assert not model.teacher['backbone'].training
+    model.eval()
+    assert not any(m.training for m in bns)

@@ -124,3 +124,55 @@ def test_head_param_count_matches_dino():
         + 65536
     assert n == expected
     assert math.isclose(n / 1e6, 23.1, abs_tol=0.1)
+
+
+def reference_sinkhorn(logits, temp, iters):
+    """DINOv2's ``sinkhorn_knopp_teacher`` on one process, written out (float64)."""
+    q = torch.exp(logits.double() / temp).T
+    B, K = q.shape[1], q.shape[0]
+    q = q / q.sum()
+    for _ in range(iters):
+        q = q / q.sum(dim=1, keepdim=True) / K
+        q = q / q.sum(dim=0, keepdim=True) / B
+    return (q * B).T
+
+
+def test_sinkhorn_knopp_matches_dinov2_and_balances_prototypes():
+    from mmdinomamba.models.heads import sinkhorn_knopp
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    logits[:, 0] += 3  # a teacher that prefers prototype 0 for every sample
+    q = sinkhorn_knopp(logits, temp=0.1, num_iters=3)
+    torch.testing.assert_close(q, reference_sinkhorn(logits, 0.1, 3))
+    torch.testing.assert_close(q.sum(dim=1), torch.ones(12, dtype=torch.float64))
+    many = sinkhorn_knopp(logits, temp=0.1, num_iters=50)
+    torch.testing.assert_close(many.sum(dim=0), torch.full((6,), 2., dtype=torch.float64),
+                               atol=1e-3, rtol=0)  # 12 samples spread evenly over 6 prototypes
+
+
+def test_sinkhorn_centering_loss_and_signals():
+    K, B = 8, 5
+    g = torch.Generator().manual_seed(2)
+    student = torch.randn(3 * B, K, generator=g)
+    teacher = torch.randn(2 * B, K, generator=g)
+    teacher[:, 1] += 4.
+    loss_fn = DINOLoss(K, centering='sinkhorn_knopp', sinkhorn_iters=3)
+    out = loss_fn(student, teacher, teacher_temp=0.1)
+    from mmdinomamba.models.heads import sinkhorn_knopp
+    q = sinkhorn_knopp(teacher, 0.1, 3)
+    log_p = F.log_softmax(student / 0.1, dim=-1).chunk(3)
+    terms = [(-qi * log_p[v]).sum(-1).mean() for i, qi in enumerate(q.chunk(2))
+             for v in range(3) if v != i]
+    torch.testing.assert_close(out['loss'], torch.stack(terms).mean())
+    # the signals watch the raw teacher (here piled onto prototype 1), not the balanced targets
+    assert out['prototypes_used'] == 1
+    with pytest.raises(ValueError, match="centering='other'"):
+        DINOLoss(K, centering='other')
+
+
+def test_koleo_loss_matches_its_definition():
+    from mmdinomamba.models.heads import koleo_loss
+    x = torch.tensor([[1., 0.], [0.9, 0.1], [0., 1.]])
+    xn = F.normalize(x, dim=-1)
+    d = torch.cdist(xn, xn) + torch.eye(3) * 10
+    torch.testing.assert_close(koleo_loss(x), -torch.log(d.min(dim=1).values + 1e-8).mean())
