@@ -75,17 +75,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _state_dict(path: str, prefix: str) -> dict:
+def load_weights(backbone, path: str, prefix: str) -> None:
+    """Load ``path`` into ``backbone`` strictly (errors name the file, prefix and keys)."""
+    from mmdinomamba.models.utils import load_backbone_checkpoint
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
-    ckpt = torch.load(path, map_location='cpu', weights_only=False)
-    sd = ckpt.get('state_dict', ckpt)
-    prefixes = ('teacher.backbone.', 'backbone.', '') if prefix == 'auto' else (prefix, )
-    for pre in prefixes:
-        picked = {k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)}
-        if picked:
-            return picked
-    raise KeyError(f'{path}: no key starts with {prefixes} (first keys: {list(sd)[:5]})')
+    prefixes = ('teacher.backbone.', 'backbone.') if prefix == 'auto' else (prefix, )
+    load_backbone_checkpoint(backbone, path, prefixes)
 
 
 def build_backbone(spec: str, checkpoint, args):
@@ -106,7 +102,7 @@ def build_backbone(spec: str, checkpoint, args):
     cfg.pop('init_cfg', None)
     backbone = MODELS.build(cfg)
     if checkpoint:
-        backbone.load_state_dict(_state_dict(checkpoint, args.ckpt_prefix), strict=True)
+        load_weights(backbone, checkpoint, args.ckpt_prefix)
     dtype = torch.float64 if args.dtype == 'float64' else torch.float32
     if dtype == torch.float64 and getattr(backbone, 'residual_in_fp32', False):
         backbone.residual_in_fp32 = False  # keep the whole residual stream in float64

@@ -19,7 +19,7 @@ from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..utils import resize_pos_embed
+from ..utils import init_weights_strict, resize_pos_embed
 from .layout import TokenLayout
 from .mila_layers import ConvStem, LinearMerging, MBConvMerging, MILABlock, PatchStem
 
@@ -55,7 +55,8 @@ class MILA(BaseBackbone):
         downsample (str): 'mbconv' (MILA) or 'linear' (Swin merge). Defaults to 'mbconv'.
         mixer_cfg (dict, optional): overrides of the mixer config :data:`MILA_MIXER`
             (``num_heads`` comes from the arch). Defaults to None.
-        init_cfg (dict, optional): mmengine init config. Defaults to None.
+        init_cfg (dict, optional): mmengine init config; ``Pretrained`` loads strictly (see
+            :meth:`init_weights`). Defaults to None.
     """
     arch_zoo = {
         **dict.fromkeys(['t', 'tiny'], dict(embed_dims=64, depths=[2, 4, 8, 4],
@@ -142,9 +143,20 @@ class MILA(BaseBackbone):
             self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] *
                                                                self.pos_grid[1], c))
 
+    #: the LayerNorms of output stages a checkpoint may lack (a classifier has ``norm3`` only;
+    #: seg / det models output every stage): they keep their init (weight 1, bias 0)
+    optional_pretrained_keys = (r'^norm\d+\.(weight|bias)$', )
+
     def init_weights(self):
-        super().init_weights()
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+        """MILA's init (truncated normal Linear, unit LayerNorm); a ``Pretrained`` init_cfg is
+        then loaded STRICTLY, except :attr:`optional_pretrained_keys` (see
+        :func:`~mmdinomamba.models.utils.init_weights_strict`)."""
+        init_weights_strict(self, self._init_from_scratch)
+
+    def _init_from_scratch(self):
+        already = self._is_init
+        super().init_weights()  # warns and does nothing when called a second time
+        if already:
             return
         for m in self.modules():
             if isinstance(m, nn.Linear):

@@ -20,12 +20,11 @@ from typing import Optional
 
 import torch
 from mmengine.logging import print_log
-from mmengine.runner.checkpoint import CheckpointLoader
 from mmpretrain.models.classifiers import ImageClassifier
 from mmpretrain.registry import MODELS
 from torch import nn
 
-from ..utils import select_state_dict
+from ..utils import load_backbone_checkpoint
 
 __all__ = ['LinearProbe', 'FeatureCache']
 
@@ -87,8 +86,9 @@ class LinearProbe(ImageClassifier):
     ``tools/model_converters/extract_backbone.py`` or a converted official checkpoint) is
     accepted whatever the prefix. Unlike mmengine's non-strict ``Pretrained`` init, the weights
     are loaded strictly in :meth:`init_weights` (a wrong prefix must not silently leave a random
-    backbone). ``checkpoint=None`` (or ``init_cfg=None``) gives a randomly initialized backbone
-    (the honest baseline of a probe), with a log message.
+    backbone), by :func:`~mmdinomamba.models.utils.load_backbone_checkpoint` like every
+    backbone's ``Pretrained`` init. ``checkpoint=None`` (or ``init_cfg=None``) gives a randomly
+    initialized backbone (the honest baseline of a probe), with a log message.
 
     Args:
         backbone (dict): backbone config.
@@ -162,41 +162,11 @@ class LinearProbe(ImageClassifier):
             print_log('LinearProbe: no backbone checkpoint (init_cfg.checkpoint is None): '
                       'probing a RANDOMLY INITIALIZED backbone', logger='current')
             return
-        path, prefix = cfg['checkpoint'], cfg.get('prefix')
-        state, prefix = self._backbone_state(select_state_dict(
-            CheckpointLoader.load_checkpoint(path, map_location='cpu')), prefix, path)
-        try:
-            self.backbone.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise RuntimeError(f'LinearProbe: backbone weights from {path} (prefix {prefix!r}) '
-                               f'do not match {type(self.backbone).__name__}: {err}') from err
-        print_log(f'LinearProbe: loaded {len(state)} backbone tensors from {path} '
-                  f'(prefix {prefix!r})', logger='current')
-
-    def _backbone_state(self, state: dict, prefix: Optional[str], path: str) -> tuple:
-        """The backbone's tensors in ``state`` and the prefix used.
-
-        The keys under ``prefix``; when no key has it, a file that holds exactly the backbone's
-        keys, bare or all under ``backbone.`` (an extracted / converted backbone file), is
-        accepted too (logged). Anything else raises ``KeyError`` naming the file.
-        """
-        if prefix and not prefix.endswith('.'):
-            prefix += '.'
-        if prefix:
-            picked = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            if picked:
-                return picked, prefix
-        own = set(self.backbone.state_dict())
-        for cand in ('', 'backbone.'):
-            if all(k.startswith(cand) for k in state) and \
-                    {k[len(cand):] for k in state} == own:
-                if prefix:
-                    print_log(f'LinearProbe: {path} has no {prefix!r} keys but exactly the '
-                              f'backbone keys (prefix {cand!r}); loading them', logger='current')
-                return {k[len(cand):]: v for k, v in state.items()}, cand
-        tops = sorted({k.split('.')[0] for k in state})[:10]
-        raise KeyError(f'LinearProbe: {path} has no keys under prefix {prefix!r} and is not a '
-                       f'backbone-only file (top-level names: {tops})')
+        path = cfg['checkpoint']
+        count, prefix, skipped = load_backbone_checkpoint(self.backbone, path, cfg.get('prefix'))
+        print_log(f'LinearProbe: loaded {count} backbone tensors from {path} '
+                  f'(prefix {prefix!r}), strictly' +
+                  (f'; not in the checkpoint: {skipped}' if skipped else ''), logger='current')
 
     def _load_from_state_dict(self, *args, **kwargs):
         if self.feature_cache is not None:  # new weights: memoized features are stale
