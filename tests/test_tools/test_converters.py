@@ -5,6 +5,7 @@ The official key layouts (facebookresearch/dino ``vision_transformer.py``; yangt
 shapes; the reference forwards below are independent re-implementations of those models.
 """
 import math
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -280,3 +281,60 @@ def test_dinomamba_cli(tmp_path, monkeypatch, capsys):
     torch.save(official, src)
     assert dinomamba2mmdm.main([str(src), str(dst), '--arch', 'tiny-test']) == 1
     assert 'missing keys: 1' in capsys.readouterr().out
+
+
+def _converted_file(tmp_path, official, record=True):
+    """A converted official DinoVim file (``record=False``: as written before the converter
+    recorded the layout in the weights; its meta still says legacy_dinomamba_layout=True)."""
+    converted, _, _ = dinomamba2mmdm.convert_dinomamba(official)
+    if not record:
+        converted = OrderedDict(converted)  # no _metadata
+    cfg = dinomamba2mmdm.infer_vim_cfg(converted, 'DinoVim', 'b')
+    path = tmp_path / ('vim.pth' if record else 'vim_old.pth')
+    torch.save(dict(state_dict=converted, meta=dict(model_cfg=cfg)), path)
+    return str(path)
+
+
+@pytest.mark.parametrize('record', [True, False])
+def test_converted_dinovim_needs_the_legacy_layout(tmp_path, record):
+    """Same parameters, different features: loading a converted official DinoVim into the
+    default middle-cls layout is an error saying what to set; with it, the official features."""
+    from mmpretrain.registry import MODELS
+
+    from mmdinomamba.models.utils import CheckpointMismatchError
+    official = official_dinomamba('DinoVim', 4, **SSD)
+    path = _converted_file(tmp_path, official, record)
+    arch = dict(embed_dims=C, num_layers=DEPTH)
+    probe = dict(type='LinearProbe', num_blocks=DEPTH, feature_source='mixer',
+                 head=dict(type='LinearClsHead', num_classes=3, loss=dict(type='CrossEntropyLoss')))
+    for legacy in (False, True):
+        backbone = dict(type='DinoVim', arch=arch, mixer_cfg=SSD, img_size=64,
+                        legacy_dinomamba_layout=legacy,
+                        init_cfg=dict(type='Pretrained', checkpoint=path,
+                                      prefix='teacher.backbone.'))
+        model = MODELS.build(dict(probe, backbone=backbone)).eval()
+        if not legacy:
+            with pytest.raises(CheckpointMismatchError,
+                               match=f"{path}.*token layout 'legacy_dinomamba'.*"
+                               r'set legacy_dinomamba_layout=True'):
+                model.init_weights()
+            continue
+        model.init_weights()
+        x = torch.randn(2, 3, 64, 64)
+        want = torch.cat(reference_dinomamba(official, x, 'DinoVim', **SSD)[1], dim=1)
+        torch.testing.assert_close(model.extract_feat(x)[0], want, rtol=1e-4, atol=1e-4)
+    # a Binary-AUC evaluator through tools/test.py's strict load
+    from mmdinomamba.models.utils import load_checkpoint_strict
+    for legacy in (False, True):
+        evaluator = MODELS.build(dict(type='FeatMapEvaluator', backbone=dict(
+            type='DinoVim', arch=arch, mixer_cfg=SSD, img_size=64,
+            legacy_dinomamba_layout=legacy)))
+        if legacy:
+            load_checkpoint_strict(evaluator, path)
+        else:
+            with pytest.raises(CheckpointMismatchError, match='legacy_dinomamba_layout=True'):
+                load_checkpoint_strict(evaluator, path)
+    if record:  # a plain load_state_dict checks it too
+        with pytest.raises(CheckpointMismatchError, match='legacy_dinomamba_layout=True'):
+            DinoVim(arch=arch, mixer_cfg=SSD, img_size=64).load_state_dict(
+                torch.load(path)['state_dict'])

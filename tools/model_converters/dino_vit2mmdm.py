@@ -14,11 +14,14 @@ Example::
     python tools/model_converters/dino_vit2mmdm.py full_ckpt.pth out.pth --key teacher --arch s
 """
 import argparse
+import os.path as osp
 import re
 import sys
 from collections import OrderedDict
 
 import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VIT_ARCH_BY_WIDTH = {384: 's', 768: 'b'}
 

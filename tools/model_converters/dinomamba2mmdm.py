@@ -10,7 +10,9 @@ or ``cls_token`` / ``pos_embed_cls`` (1, 12, C) and a 7x7 ``pos_embed`` (1, 49, 
 
 The result loads into ``DinoVim(arch=..., legacy_dinomamba_layout=True)`` (the released token
 layout: outputs equal the official model's) or ``MambaReg(arch=..., img_size=112)``; the meta
-entry records that config. The same weights also load into the clean middle-cls ``DinoVim``.
+entry records that config. The weights record their token layout, so loading them into the
+clean middle-cls ``DinoVim`` (same parameters, different features) is an error that says to set
+``legacy_dinomamba_layout=True``.
 
 Example::
 
@@ -18,11 +20,14 @@ Example::
     python tools/model_converters/dinomamba2mmdm.py mambar.pth mambareg-b.pth --key student
 """
 import argparse
+import os.path as osp
 import re
 import sys
 from collections import OrderedDict
 
 import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VIM_ARCH_BY_WIDTH = {256: 't', 512: 's', 768: 'b'}
 
@@ -53,7 +58,9 @@ def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
     Mamba-Reg: ``pos_embed`` (grid), ``pos_embed_cls`` and ``cls_token`` (registers) unchanged.
     Both: ``layers.{i}.norm`` -> ``layers.{i}.norm1``, ``layers.{i}.mixer.*`` unchanged,
     ``norm_f`` -> ``norm``; ``head.*`` dropped. Unknown keys are kept so that
-    the key check reports them as unexpected.
+    the key check reports them as unexpected. The token layout of the released model
+    (``'legacy_dinomamba'`` / ``'registers'``) is recorded in the state dict's ``_metadata``:
+    loading it into a ``DinoVim`` of the other layout is an error that says what to set.
 
     Returns:
         tuple: (converted state dict, dropped source keys, 'DinoVim' or 'MambaReg').
@@ -73,6 +80,9 @@ def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
             out[_map_layer_key(layer[1], layer[2])] = v
         else:
             out[k] = v
+    from mmdinomamba.models.backbones.layout import (LEGACY_DINOMAMBA, REGISTERS,
+                                                     record_token_layout)
+    record_token_layout(out, LEGACY_DINOMAMBA if kind == 'DinoVim' else REGISTERS)
     return out, dropped, kind
 
 

@@ -13,9 +13,10 @@ Example::
 import argparse
 import os.path as osp
 import sys
-from collections import OrderedDict
 
 import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 PREFIXES = {
     'teacher': ('teacher.backbone.', 'teacher.module.backbone.'),
@@ -38,7 +39,8 @@ def _top_prefixes(keys) -> list:
 
 
 def extract_backbone(state_dict: dict, part: str = 'teacher', source: str = '<state_dict>'):
-    """The backbone keys of ``part`` with their prefix stripped (``module.`` removed first).
+    """The backbone keys of ``part`` with their prefix stripped (``module.`` removed first);
+    the state dict's ``_metadata`` (e.g. the token layout a DinoVim records) follows the keys.
 
     Raises:
         KeyError: no key of ``state_dict`` has a prefix of ``part``; the message names
@@ -46,10 +48,10 @@ def extract_backbone(state_dict: dict, part: str = 'teacher', source: str = '<st
     """
     if part not in PREFIXES:
         raise ValueError(f'part={part!r} is not one of {sorted(PREFIXES)}')
-    sd = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                     for k, v in state_dict.items())
+    from mmdinomamba.models.utils import strip_prefix
+    sd = strip_prefix(state_dict, 'module.')
     for prefix in PREFIXES[part]:
-        out = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
+        out = strip_prefix(sd, prefix, keep_only=True)
         if out:
             return out, prefix
     raise KeyError(f'{source}: no {part} backbone keys (looked for the prefixes '

@@ -81,8 +81,10 @@ def strip_prefix(state_dict: dict, prefix: str, keep_only: bool = False) -> Orde
             out[k] = v
     metadata = getattr(state_dict, '_metadata', None)
     if metadata is not None:
-        out._metadata = _metadata_under(metadata, prefix) if prefix.endswith('.') else \
-            OrderedDict(metadata)
+        out._metadata = OrderedDict() if keep_only else OrderedDict(
+            (k, v) for k, v in metadata.items() if k != prefix[:-1] and not k.startswith(prefix))
+        out._metadata.update(_metadata_under(metadata, prefix) if prefix.endswith('.') else
+                             metadata)
     return out
 
 
