@@ -1,4 +1,5 @@
 """tools/model_converters/extract_backbone.py: a DINO checkpoint's teacher / student backbone."""
+import os
 import os.path as osp
 
 import pytest
@@ -75,6 +76,10 @@ def test_refuses_to_overwrite_input(dino_ckpt):
         _tool().main([ckpt, ckpt])
     with pytest.raises(SystemExit, match='refusing to overwrite'):
         _tool().main([ckpt, osp.join(osp.dirname(ckpt), '.', osp.basename(ckpt))])
+    link = osp.join(osp.dirname(ckpt), 'link.pth')
+    os.symlink(ckpt, link)
+    with pytest.raises(SystemExit, match='refusing to overwrite'):
+        _tool().main([ckpt, link])
     assert open(ckpt, 'rb').read() == before
 
 

@@ -21,7 +21,8 @@ __all__ = [
     'select_state_dict', 'strip_prefix', 'add_prefix', 'compare_keys', 'format_key_report',
     'build_on_meta', 'CheckpointMismatchError', 'backbone_state_dict', 'load_state_dict_checked',
     'load_backbone_checkpoint', 'init_weights_strict', 'split_pretrained_cfg',
-    'load_checkpoint_strict', 'check_output_path', 'save_atomic'
+    'load_checkpoint_strict', 'converter_weights', 'require_keys', 'check_output_path',
+    'save_atomic'
 ]
 
 #: how many keys of each kind an error message lists
@@ -402,6 +403,42 @@ def load_checkpoint_strict(model: nn.Module, path: str) -> None:
                 'backbone.init_cfg.checkpoint set to this file) and test that checkpoint; '
                 'Binary-AUC configs (configs/analysis) take DINO checkpoints directly.')
     load_state_dict_checked(model, state, path, hint=hint)
+
+
+# ---- converters ------------------------------------------------------------------------------
+def converter_weights(ckpt, key: Optional[str], source: str) -> tuple[dict, Optional[str]]:
+    """The state dict a converter reads from a loaded checkpoint, and the entry it came from.
+
+    ``key`` None picks ``'teacher'`` when present (DINO evaluates the teacher), else the
+    ``state_dict`` / ``model`` entry or the checkpoint itself (see :func:`select_state_dict`).
+
+    Raises:
+        KeyError: ``key`` is not an entry of the checkpoint.
+        ValueError: what was picked is not a state dict. Both messages name ``source`` and the
+            entries the checkpoint has.
+    """
+    if not isinstance(ckpt, dict):
+        raise ValueError(f'{source} is not a checkpoint dict (got {type(ckpt).__name__})')
+    if key is None and isinstance(ckpt.get('teacher'), dict):
+        key = 'teacher'
+    if key is not None and key not in ckpt:
+        raise KeyError(f'{source} has no entry {key!r}; its entries: {sorted(ckpt)[:20]}')
+    state = select_state_dict(ckpt, key)
+    tensors = isinstance(state, dict) and state and all(
+        isinstance(v, Tensor) for v in state.values())
+    if not tensors:
+        raise ValueError(f'{source}: entry {key!r} is not a state dict of tensors; the '
+                         f'checkpoint has the entries {sorted(ckpt)[:20]} (choose one with --key)')
+    return state, key
+
+
+def require_keys(state_dict: dict, keys: Sequence[str], source: str, what: str) -> None:
+    """Raise ``KeyError`` naming ``source``, the missing ``keys`` and the keys that are there."""
+    missing = [k for k in keys if k not in state_dict]
+    if missing:
+        raise KeyError(f'{source}: the weights have no {missing}, so they are not a {what} '
+                       f'backbone; their keys start with {_top_names(state_dict)} (e.g. '
+                       f'{sorted(state_dict)[:5]})')
 
 
 # ---- writing files -----------------------------------------------------------------------
