@@ -10,11 +10,15 @@ Map types (one map per layer, head and *query token*):
 * ``'mixing'``: the query row of the layer's token-mixing matrix restricted to the patch
   columns, ``M[b, head, q, patch_index]``. For ``ViT`` these are the post-softmax attention
   weights (DINO's ``visualize_attention``); for ``LinearViT`` the row-normalized
-  ``psi(q) psi(K)^T``; for ``DinoVim`` Mamba's implicit ("hidden") attention of the bidirectional
-  SSD, i.e. the middle-cls row of ``(M_fwd + flip(M_bwd)) / 2`` as returned by the mixer: the
-  patches *before* the cls token are reached through the forward (lower-triangular) scan, the
-  patches *after* it through the backward (flipped, upper-triangular) scan, so one row covers all
-  patches. Mamba's entries can be negative and do not sum to one.
+  ``psi(q) psi(K)^T``; for ``DinoVim`` / ``MambaReg`` Mamba's implicit ("hidden") attention of the
+  bidirectional SSD, i.e. the query row of ``BiSSD.mixing_matrix = (M_fwd + M_bwd) / 2``, the
+  average of the two directions' matrices in token order: the patches *before* the query token
+  are reached through the forward (lower-triangular) scan, the patches *after* it through the
+  backward (upper-triangular) scan, so one row covers all patches. Each direction's matrix is
+  exact for that direction (``M_dir @ v_dir`` is its scan output, ``BiSSD.mixing_matrices``);
+  the average is the map analysed, not an exact input-output map of the mixer (each direction
+  scans its own conv's values and is RMS-normalized and gated before the average). Mamba's
+  entries can be negative and do not sum to one.
 * ``'cosine'``: cosine similarity between the query token's feature and every patch feature of the
   layer output (after the final norm). With ``cosine_heads = k > 1`` the channels are split into
   ``k`` equal chunks ("heads") and one map is computed per chunk; default one map per layer.
