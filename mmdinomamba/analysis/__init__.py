@@ -2,8 +2,9 @@
 
 ``plots`` (matplotlib) is not imported here; use ``from mmdinomamba.analysis import plots``.
 """
-from .featmaps import FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens
+from .featmaps import (FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens,
+                       resolve_query)
 from .pca import pca_rgb, principal_components
 
 __all__ = ['FeatMaps', 'compute_featmaps', 'cosine_maps', 'mixing_maps', 'query_tokens',
-           'pca_rgb', 'principal_components']
+           'resolve_query', 'pca_rgb', 'principal_components']

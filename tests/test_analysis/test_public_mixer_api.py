@@ -30,6 +30,8 @@ TINY = {
                     img_size=32),
     'MambaReg': dict(type='MambaReg', arch=dict(embed_dims=32, num_layers=2), mixer_cfg=SSD,
                      img_size=32, num_registers=2),
+    'MILA': dict(type='MILA', arch=dict(embed_dims=16, depths=[1, 1, 1, 2],
+                                        num_heads=[1, 2, 2, 4]), img_size=64),
 }
 
 
@@ -69,11 +71,12 @@ def private_calls(monkeypatch):
 @pytest.mark.parametrize('name', sorted(TINY))
 def test_analyses_run_on_the_public_api(name, private_calls):
     backbone = MODELS.build(TINY[name]).double().eval()
-    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    last = [backbone.num_layers - 2, backbone.num_layers - 1]
     for map_type in ('mixing', 'cosine'):
-        compute_featmaps(backbone, x, layers=None, map_type=map_type)
-    mixer = backbone.layers[1].mixer
+        compute_featmaps(backbone, x, layers=last, map_type=map_type)
+    mixer = backbone.layers[-1].mixer
     with torch.no_grad(), capture_mixer_inputs({1: mixer}) as seen:
-        out = backbone.forward_layers(x, layers=[1])
+        out = backbone.forward_layers(x, layers=[-1])
     records, _ = analyze_layer(mixer, *seen[1], out['layout'].patch_index, [0], block_size=4)
     assert records and not private_calls, private_calls

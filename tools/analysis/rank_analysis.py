@@ -163,14 +163,15 @@ def analyze_model(name, backbone, images, args, pbar):
     for img_id, img in enumerate(images):
         x = img[None].to(next(backbone.parameters()).dtype)
         with torch.no_grad(), capture_mixer_inputs(mixers) as seen:
-            out = backbone.forward_layers(x, layers=layer_ids)
+            backbone.forward_layers(x, layers=[max(layer_ids)])  # runs every analysed layer
         for i in layer_ids:
             heads = pick(mixers[i].num_heads, args.max_heads, 'heads')
             meta = dict(model=name, layer=i)
+            x_i, hw = seen.pop(i)  # the layer's own grid (MILA: one per stage)
+            patches = backbone.token_layout(hw).patch_index
             with torch.no_grad():
-                recs, spec = analyze_layer(mixers[i], *seen.pop(i), out['layout'].patch_index,
-                                           heads, args.block_size, args.rel_tol, args.abs_tol,
-                                           meta)
+                recs, spec = analyze_layer(mixers[i], x_i, hw, patches, heads, args.block_size,
+                                           args.rel_tol, args.abs_tol, meta)
             for r in recs:
                 r['image'] = img_id
             records += recs

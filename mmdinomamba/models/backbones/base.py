@@ -137,6 +137,11 @@ class PlainBackbone(BaseBackbone):
         for p in (self.pos_embed, self.cls_token, self.pos_embed_cls):
             nn.init.trunc_normal_(p, std=.02)
 
+    @property
+    def layer_dims(self) -> list[int]:
+        """Width of each layer's tokens (``embed_dims`` for every layer of the plain trunk)."""
+        return [self.embed_dims] * self.num_layers
+
     def _resolve_layers(self, indices, name: str) -> list[int]:
         return resolve_layer_indices(indices, self.num_layers, name)
 

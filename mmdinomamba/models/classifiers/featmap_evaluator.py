@@ -41,7 +41,7 @@ class FeatMapEvaluator(BaseModel):
             of the query feature to patch features). Defaults to 'mixing'.
         layers (Sequence[int] | None): layers to map (negative allowed, None = all).
             Defaults to (-1,).
-        query (str): 'auto', 'cls' or 'registers'. Defaults to 'auto'.
+        query (str): 'auto', 'cls', 'registers' or 'mean' (MILA). Defaults to 'auto'.
         cosine_heads (int): channel chunks for 'cosine'. Defaults to 1.
         head_reduce (str | None): None (one map per head) or 'mean'. Defaults to None.
         ckpt_prefixes (Sequence[str]): state-dict prefixes mapped onto ``backbone.``, in order of

@@ -24,6 +24,7 @@ from mmpretrain.models.classifiers import ImageClassifier
 from mmpretrain.registry import MODELS
 from torch import nn
 
+from ..necks.probe_neck import POOLINGS
 from ..utils import load_backbone_checkpoint
 
 __all__ = ['LinearProbe', 'FeatureCache']
@@ -76,9 +77,12 @@ class LinearProbe(ImageClassifier):
     """Frozen backbone -> pooled features of the last ``num_blocks`` blocks -> linear head.
 
     The backbone must follow the backbone contract (``forward_layers``, ``token_layout``,
-    ``num_layers``, ``embed_dims``; ViT, LinearViT, DinoVim, MambaReg). Its parameters get
-    ``requires_grad=False``, its features are computed under ``torch.no_grad()`` and it stays in
-    eval mode when the runner calls ``model.train()`` (no stochastic depth / dropout).
+    ``num_layers``, ``embed_dims``, ``layer_dims``; ViT, LinearViT, DinoVim, MambaReg, MILA). MILA
+    has no cls token (pool with ``neck=dict(type='ProbeFeatureNeck', pooling='mean')``) and its
+    probed blocks must lie in its last stage (``num_blocks`` up to that stage's depth). The
+    backbone's parameters get ``requires_grad=False``, its features are computed under
+    ``torch.no_grad()`` and it stays in eval mode when the runner calls ``model.train()`` (no
+    stochastic depth / dropout).
 
     Backbone weights: ``backbone.init_cfg=dict(type='Pretrained', checkpoint=PATH, prefix=P)``,
     e.g. ``prefix='teacher.backbone.'`` for a DINO checkpoint of this package (DINO evaluates the
@@ -137,12 +141,24 @@ class LinearProbe(ImageClassifier):
 
     @staticmethod
     def _feature_size(backbone: nn.Module, neck: nn.Module, num_blocks: int, head: dict) -> int:
+        name = type(backbone).__name__
+        widths = sorted(set(getattr(backbone, 'layer_dims',
+                                    [backbone.embed_dims] * backbone.num_layers)[-num_blocks:]))
+        if len(widths) > 1:
+            raise ValueError(f'LinearProbe: the last num_blocks={num_blocks} blocks of {name} '
+                             f'have different widths {widths} (they span stages); use fewer '
+                             'blocks, all in the last stage')
         layout = backbone.token_layout(tuple(getattr(backbone, 'pos_grid', (2, 2))))
-        size = neck.out_channels(backbone.embed_dims, num_blocks, layout.register_index.numel())
+        if layout.cls_index is None and not layout.register_index.numel() and \
+                'cls' in POOLINGS.get(getattr(neck, 'pooling', None), ()):
+            raise ValueError(f"LinearProbe: pooling {neck.pooling!r} needs a cls token or "
+                             f"registers, and {name} has neither: use neck=dict("
+                             "type='ProbeFeatureNeck', pooling='mean') (or 'max')")
+        size = neck.out_channels(widths[0], num_blocks, layout.register_index.numel())
         given = head.get('in_channels')
         if given is not None and given != size:
             raise ValueError(f'LinearProbe: head.in_channels={given} but the probe feature has '
-                             f'{size} channels (embed_dims={backbone.embed_dims}, '
+                             f'{size} channels (block width {widths[0]}, '
                              f'num_blocks={num_blocks}, neck={neck.pooling!r}, '
                              f'avgpool={neck.avgpool}); omit head.in_channels to set it '
                              'automatically')
