@@ -126,8 +126,8 @@ class DinoVim(PlainBackbone):
     def _layout_mismatch(self, recorded: str) -> str:
         """What to tell a user loading weights of the layout ``recorded``."""
         name, own = type(self).__name__, self.token_layout_name
-        what = {LEGACY_DINOMAMBA: 'an official Dino-Mamba checkpoint (converted by '
-                'tools/model_converters/dinomamba2mmdm.py) whose cls token sits at the front '
+        what = {LEGACY_DINOMAMBA: 'an official Dino-Mamba checkpoint converted by '
+                'tools/model_converters/dinomamba2mmdm.py, whose cls token sits at the front '
                 'and again in the middle',
                 MIDDLE_CLS: 'a DinoVim with one middle cls token',
                 REGISTERS: 'a MambaReg (register tokens)'}.get(recorded, 'another model')
