@@ -49,6 +49,9 @@ def main(argv=None):
         cfg.load_from = args.checkpoint
     check_data_roots(cfg)
     runner = Runner.from_cfg(cfg)
+    if cfg.get('load_from'):  # the runner loads non-strictly: a checkpoint must fit the model
+        from mmdinomamba.models.utils import load_checkpoint_strict
+        load_checkpoint_strict(runner.model, cfg.load_from)
     metrics = runner.test()
     if args.out:
         from mmengine.fileio import dump

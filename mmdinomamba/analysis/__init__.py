@@ -3,8 +3,10 @@
 ``plots`` (matplotlib) is not imported here; use ``from mmdinomamba.analysis import plots``.
 """
 from .backbone_eval import backbone_features, evaluate_binary_auc
-from .featmaps import FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens
+from .featmaps import (FeatMaps, compute_featmaps, cosine_maps, mixing_maps, query_tokens,
+                       resolve_query)
 from .pca import pca_rgb, principal_components
 
 __all__ = ['FeatMaps', 'compute_featmaps', 'cosine_maps', 'mixing_maps', 'query_tokens',
-           'pca_rgb', 'principal_components', 'backbone_features', 'evaluate_binary_auc']
+           'resolve_query', 'pca_rgb', 'principal_components', 'backbone_features',
+           'evaluate_binary_auc']

@@ -32,6 +32,8 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
+from mmdinomamba.ops import ssd_decay_matrix
+
 __all__ = [
     'CAUSAL', 'AS_USED', 'BLOCK_KINDS', 'BlockRanks', 'split_blocks', 'block_singular_values',
     'numerical_rank', 'effective_rank', 'block_masks', 'block_ranks', 'causal_mask',
@@ -226,11 +228,7 @@ def ssd_decay_mask(dt: Tensor, A: Tensor) -> Tensor:
     if dt.dim() != 3 or A.shape != (dt.shape[-1], ):
         raise ValueError(f'ssd_decay_mask: dt must be (B, L, h) and A (h,), '
                          f'got dt {tuple(dt.shape)}, A {tuple(A.shape)}')
-    cs = torch.cumsum(dt.double() * A.double(), dim=1).transpose(1, 2)  # (B, h, L)
-    seg = cs[..., :, None] - cs[..., None, :]
-    length = dt.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=dt.device).tril()
-    return torch.exp(seg.masked_fill(~causal, float('-inf')))
+    return ssd_decay_matrix(dt, A)
 
 
 def rank_bound(kind: str, block_size: int, d_qk: Optional[int] = None,

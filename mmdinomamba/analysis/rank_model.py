@@ -14,8 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .rank import (AS_USED, CAUSAL, block_masks, block_ranks, causal_mask, rank_bound,
-                   ssd_decay_mask)
+from .rank import AS_USED, CAUSAL, block_masks, block_ranks, causal_mask, rank_bound
 
 __all__ = ['mixer_kind', 'mixer_dims', 'capture_mixer_inputs', 'mixer_views', 'analyze_layer']
 
@@ -61,15 +60,15 @@ def capture_mixer_inputs(mixers: Dict[int, nn.Module]) -> Iterator[Dict[int, tup
 def _ssd_views(mixer: nn.Module, x: Tensor, hw) -> Dict[Tuple[str, str], Tensor]:
     """BiSSD: ``M`` as used, the forward scan (causal), and ``L_M`` of each direction.
 
-    ``L_M`` as used: the forward mask below the diagonal, the (token-order) backward mask above
-    it and ones on the diagonal; the forward M block (i > j) is ``L_M o (C B^T) o dt_j`` there.
+    From the mixer's public API only (``mixing_matrices``, ``decay_masks``). ``M`` as used is
+    ``mixing_matrix``'s average ``(M_fwd + M_bwd) / 2`` (exact per direction, not an exact
+    input-output map of the whole mixer: see ``BiSSD.mixing_matrix``). ``L_M`` as used: the
+    forward mask below the diagonal, the (token-order) backward mask above it and ones on the
+    diagonal; the forward M block (i > j) is ``L_M o (C B^T) o dt_j`` there.
     """
     mats = mixer.mixing_matrices(x, hw)
-    _z, xbc, dt = mixer._project(x)
-    dt, a = mixer._scan_inputs(xbc, dt)[1:3]  # softplus'ed dt (B, L, 2h), A (2h,)
-    h = mixer.num_heads
-    lm_f = ssd_decay_mask(dt[..., :h], a[:h])
-    lm_b = ssd_decay_mask(dt[..., h:], a[h:]).flip(-1).flip(-2)  # upper triangular
+    masks = mixer.decay_masks(x, hw)
+    lm_f, lm_b = masks['forward'], masks['backward']
     eye = torch.eye(lm_f.shape[-1], dtype=lm_f.dtype, device=lm_f.device)
     lm_used = torch.tril(lm_f, -1) + torch.triu(lm_b, 1) + eye
     m_used = (mats['forward'] + mats['backward']) / 2
@@ -82,9 +81,12 @@ def mixer_views(mixer: nn.Module, x: Tensor, hw) -> Dict[Tuple[str, str], Tensor
 
     * softmax / linear attention / other: ``('M', AS_USED)`` = ``mixer.mixing_matrix`` (the
       non-causal matrix the backbone applies) and ``('M', CAUSAL)`` = ``L_Attn o M`` (Eq. 12).
-    * mamba (``BiSSD``): ``('M', AS_USED)`` = the bidirectional ``mixing_matrix``,
-      ``('M', CAUSAL)`` = the forward scan alone, and ``('L_M', view)`` the decay masks (forward;
-      as used: forward below the diagonal, flipped backward above it).
+    * mamba (``BiSSD``): ``('M', AS_USED)`` = ``mixing_matrix``, the average
+      ``(M_fwd + M_bwd) / 2`` of the two directions' exact matrices (each direction scans its
+      own values and is normalized before the average, so this combined map is the analysed
+      object, not an exact input-output map); ``('M', CAUSAL)`` = the forward scan alone (exact
+      for that direction); ``('L_M', view)`` the decay masks (forward; as used: forward below
+      the diagonal, backward above it).
 
     Args:
         mixer (nn.Module): a token mixer following the contract.

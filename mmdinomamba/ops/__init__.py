@@ -11,10 +11,11 @@ from .conv import causal_conv1d
 from .norm import gated_rms_norm
 from .ssd import PORTABLE_CHUNK_SIZE, SSD_BACKENDS, ssd_scan
 from .ssd_chunked import ssd_scan_chunked
-from .ssd_ref import ssd_mixing_matrix, ssd_scan_ref
+from .ssd_ref import ssd_decay_matrix, ssd_mixing_matrix, ssd_scan_ref
 
 __all__ = [
-    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'gated_rms_norm',
+    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'ssd_decay_matrix',
+    'gated_rms_norm',
     'causal_conv1d', 'bidir_causal_conv1d', 'bidir_conv_scan', 'bidir_gated_merge',
     'portable_ops', 'SSD_BACKENDS', 'PORTABLE_CHUNK_SIZE'
 ]

@@ -85,6 +85,29 @@ def ssd_scan_ref(x: Tensor,
     return y
 
 
+def ssd_decay_matrix(dt: Tensor, A: Tensor) -> Tensor:
+    """Mamba-2's causal decay mask ``L_M`` of the SSD scan, in float64.
+
+    ``L_M[b, h, i, j] = exp(sum_{k=j+1..i} dt[b, k, h] * A[h])`` for ``i >= j``, else 0 (so
+    that ``ssd_mixing_matrix = L_M o (C B^T) o dt_j``).
+
+    Args:
+        dt (Tensor): (batch, length, heads) positive step sizes.
+        A (Tensor): (heads,) negative decay rates.
+
+    Returns:
+        Tensor: (batch, heads, length, length) float64 lower-triangular mask.
+    """
+    if dt.dim() != 3 or A.shape != (dt.shape[-1], ):
+        raise ValueError(f'ssd_decay_matrix: dt must be (B, L, h) and A (h,), '
+                         f'got dt {tuple(dt.shape)}, A {tuple(A.shape)}')
+    cs = torch.cumsum(dt.double() * A.double(), dim=1).transpose(1, 2)  # (B, h, L)
+    seg = cs[..., :, None] - cs[..., None, :]
+    length = dt.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=dt.device).tril()
+    return torch.exp(seg.masked_fill(~causal, float('-inf')))
+
+
 def ssd_mixing_matrix(dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """The semiseparable matrix ``M`` of the SSD scan (without ``D``): ``y = M x + D x``.
 

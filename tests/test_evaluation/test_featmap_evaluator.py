@@ -5,10 +5,10 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.runner import load_checkpoint
 from mmpretrain.registry import MODELS
 
 import mmdinomamba  # noqa: F401  (registration)
+from mmdinomamba.models.utils import load_checkpoint_strict
 from repo_files import load_file
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -36,8 +36,9 @@ def test_checkpoint_keys_are_remapped(tmp_path, layout):
     if pre:
         state.update({pre + k: v for k, v in teacher.items()})
         state['head.last_layer.weight'] = torch.zeros(3)  # DINO head keys are ignored
+        state['dino_loss.center'] = torch.zeros(1, 3)
     torch.save(dict(state_dict=state), tmp_path / 'ckpt.pth')
-    load_checkpoint(model, str(tmp_path / 'ckpt.pth'), map_location='cpu')
+    load_checkpoint_strict(model, str(tmp_path / 'ckpt.pth'))  # no missing / unexpected key
     expected = teacher if pre else student
     for k, v in model.backbone.state_dict().items():
         assert torch.equal(v, expected[k]), k

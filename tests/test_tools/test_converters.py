@@ -5,6 +5,7 @@ The official key layouts (facebookresearch/dino ``vision_transformer.py``; yangt
 shapes; the reference forwards below are independent re-implementations of those models.
 """
 import math
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -280,3 +281,138 @@ def test_dinomamba_cli(tmp_path, monkeypatch, capsys):
     torch.save(official, src)
     assert dinomamba2mmdm.main([str(src), str(dst), '--arch', 'tiny-test']) == 1
     assert 'missing keys: 1' in capsys.readouterr().out
+
+
+def _converted_file(tmp_path, official, record=True):
+    """A converted official DinoVim file (``record=False``: as written before the converter
+    recorded the layout in the weights; its meta still says legacy_dinomamba_layout=True)."""
+    converted, _, _ = dinomamba2mmdm.convert_dinomamba(official)
+    if not record:
+        converted = OrderedDict(converted)  # no _metadata
+    cfg = dinomamba2mmdm.infer_vim_cfg(converted, 'DinoVim', 'b')
+    path = tmp_path / ('vim.pth' if record else 'vim_old.pth')
+    torch.save(dict(state_dict=converted, meta=dict(model_cfg=cfg)), path)
+    return str(path)
+
+
+@pytest.mark.parametrize('record', [True, False])
+def test_converted_dinovim_needs_the_legacy_layout(tmp_path, record):
+    """Same parameters, different features: loading a converted official DinoVim into the
+    default middle-cls layout is an error saying what to set; with it, the official features."""
+    from mmpretrain.registry import MODELS
+
+    from mmdinomamba.models.utils import CheckpointMismatchError
+    official = official_dinomamba('DinoVim', 4, **SSD)
+    path = _converted_file(tmp_path, official, record)
+    arch = dict(embed_dims=C, num_layers=DEPTH)
+    probe = dict(type='LinearProbe', num_blocks=DEPTH, feature_source='mixer',
+                 head=dict(type='LinearClsHead', num_classes=3, loss=dict(type='CrossEntropyLoss')))
+    for legacy in (False, True):
+        backbone = dict(type='DinoVim', arch=arch, mixer_cfg=SSD, img_size=64,
+                        legacy_dinomamba_layout=legacy,
+                        init_cfg=dict(type='Pretrained', checkpoint=path,
+                                      prefix='teacher.backbone.'))
+        model = MODELS.build(dict(probe, backbone=backbone)).eval()
+        if not legacy:
+            with pytest.raises(CheckpointMismatchError,
+                               match=f"{path}.*token layout 'legacy_dinomamba'.*"
+                               r'set legacy_dinomamba_layout=True'):
+                model.init_weights()
+            continue
+        model.init_weights()
+        x = torch.randn(2, 3, 64, 64)
+        want = torch.cat(reference_dinomamba(official, x, 'DinoVim', **SSD)[1], dim=1)
+        torch.testing.assert_close(model.extract_feat(x)[0], want, rtol=1e-4, atol=1e-4)
+    # a Binary-AUC evaluator through tools/test.py's strict load
+    from mmdinomamba.models.utils import load_checkpoint_strict
+    for legacy in (False, True):
+        evaluator = MODELS.build(dict(type='FeatMapEvaluator', backbone=dict(
+            type='DinoVim', arch=arch, mixer_cfg=SSD, img_size=64,
+            legacy_dinomamba_layout=legacy)))
+        if legacy:
+            load_checkpoint_strict(evaluator, path)
+        else:
+            with pytest.raises(CheckpointMismatchError, match='legacy_dinomamba_layout=True'):
+                load_checkpoint_strict(evaluator, path)
+    if record:  # a plain load_state_dict checks it too
+        with pytest.raises(CheckpointMismatchError, match='legacy_dinomamba_layout=True'):
+            DinoVim(arch=arch, mixer_cfg=SSD, img_size=64).load_state_dict(
+                torch.load(path)['state_dict'])
+
+
+# ---- safe output, wrong converter, default entry ------------------------------------------
+def _vit_training_ckpt():
+    """A DINO ViT training checkpoint: teacher / student entries, no plain weights."""
+    official = official_dino_vit()
+    student = {'module.backbone.' + k: torch.zeros_like(v) for k, v in official.items()}
+    return official, {'teacher': {'backbone.' + k: v for k, v in official.items()},
+                      'student': student, 'epoch': 7}
+
+
+@pytest.mark.parametrize('tool', ['dino_vit2mmdm', 'dinomamba2mmdm'])
+def test_converters_refuse_to_overwrite_their_input(tool, tmp_path, capsys):
+    import os
+    ckpt = _vit_training_ckpt()[1] if tool == 'dino_vit2mmdm' else {
+        'teacher': official_dinomamba('DinoVim', 4, **SSD), 'epoch': 7}
+    src = tmp_path / 'train.pth'
+    torch.save(ckpt, src)
+    os.symlink(src, tmp_path / 'link.pth')
+    os.link(src, tmp_path / 'hard.pth')
+    before = src.read_bytes()
+    module = dino_vit2mmdm if tool == 'dino_vit2mmdm' else dinomamba2mmdm
+    for dst in (src, tmp_path / '.' / 'train.pth', tmp_path / 'link.pth', tmp_path / 'hard.pth'):
+        assert module.main([str(src), str(dst), '--arch', 'b']) == 1
+        assert 'refusing to overwrite the input checkpoint' in capsys.readouterr().err
+    assert src.read_bytes() == before  # teacher, student and epoch are all still there
+
+
+def test_save_atomic_never_leaves_a_half_written_file(tmp_path, monkeypatch):
+    from mmdinomamba.models.utils import save_atomic
+    dst = tmp_path / 'out.pth'
+    save_atomic({'a': torch.ones(2)}, str(dst))
+    good = dst.read_bytes()
+
+    def broken_save(obj, f):
+        open(f, 'wb').write(b'partial')
+        raise OSError('disk full')
+
+    monkeypatch.setattr(torch, 'save', broken_save)
+    with pytest.raises(OSError, match='disk full'):
+        save_atomic({'a': torch.zeros(2)}, str(dst))
+    assert dst.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ['out.pth']
+
+
+def test_each_converter_names_the_other_for_the_other_model(tmp_path, capsys):
+    vit, vim = tmp_path / 'vit.pth', tmp_path / 'vim.pth'
+    torch.save(_vit_training_ckpt()[1], vit)
+    torch.save({'teacher': {'backbone.' + k: v for k, v in
+                            official_dinomamba('DinoVim', 4, **SSD).items()}}, vim)
+    assert dinomamba2mmdm.main([str(vit), str(tmp_path / 'o1.pth')]) == 1
+    err = capsys.readouterr().err
+    assert f'{vit} holds a ViT' in err and 'tools/model_converters/dino_vit2mmdm.py' in err
+    assert dino_vit2mmdm.main([str(vim), str(tmp_path / 'o2.pth')]) == 1
+    err = capsys.readouterr().err
+    assert f'{vim} holds a Dino-Mamba model' in err and 'dinomamba2mmdm.py' in err
+    assert not list(tmp_path.glob('o*.pth'))
+
+
+def test_dino_vit_converter_reads_the_teacher_and_names_missing_keys(tmp_path, monkeypatch,
+                                                                     capsys):
+    monkeypatch.setitem(ViT.arch_zoo, 'tiny-test', dict(embed_dims=C, num_layers=DEPTH,
+                                                        num_heads=HEADS))
+    official, ckpt = _vit_training_ckpt()
+    src, dst = tmp_path / 'train.pth', tmp_path / 'out.pth'
+    torch.save(ckpt, src)
+    assert dino_vit2mmdm.main([str(src), str(dst), '--arch', 'tiny-test']) == 0
+    saved = torch.load(dst)
+    assert saved['meta']['key'] == 'teacher'
+    assert torch.equal(saved['state_dict']['cls_token'], official['cls_token'])
+    broken = {k: v for k, v in official.items() if k != 'cls_token'}
+    torch.save(broken, src)
+    assert dino_vit2mmdm.main([str(src), str(dst), '--arch', 'tiny-test']) == 1
+    err = capsys.readouterr().err
+    assert f"{src}: the weights have no ['cls_token']" in err and "'blocks'" in err
+    torch.save({'student': ckpt['student'], 'epoch': 7}, src)
+    assert dino_vit2mmdm.main([str(src), str(dst), '--key', 'teacher']) == 1
+    assert f"{src} has no entry 'teacher'; its entries: ['epoch', 'student']" in \
+        capsys.readouterr().err

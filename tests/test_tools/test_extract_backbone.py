@@ -1,4 +1,5 @@
 """tools/model_converters/extract_backbone.py: a DINO checkpoint's teacher / student backbone."""
+import os
 import os.path as osp
 
 import pytest
@@ -75,4 +76,22 @@ def test_refuses_to_overwrite_input(dino_ckpt):
         _tool().main([ckpt, ckpt])
     with pytest.raises(SystemExit, match='refusing to overwrite'):
         _tool().main([ckpt, osp.join(osp.dirname(ckpt), '.', osp.basename(ckpt))])
+    link = osp.join(osp.dirname(ckpt), 'link.pth')
+    os.symlink(ckpt, link)
+    with pytest.raises(SystemExit, match='refusing to overwrite'):
+        _tool().main([ckpt, link])
     assert open(ckpt, 'rb').read() == before
+
+
+def test_extracted_backbone_keeps_the_token_layout(dino_ckpt, tmp_path):
+    """The DINO checkpoint records the middle-cls layout; the extracted file keeps the record,
+    so loading it into a legacy-layout DinoVim is an error instead of other features."""
+    from mmdinomamba.models.utils import CheckpointMismatchError
+    _, ckpt = dino_ckpt
+    out = str(tmp_path / 'teacher.pth')
+    _tool().main([ckpt, out])
+    legacy = MODELS.build(dict(BACKBONE, legacy_dinomamba_layout=True,
+                               init_cfg=dict(type='Pretrained', checkpoint=out)))
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"teacher\.pth.*'middle_cls'.*legacy_dinomamba_layout=False"):
+        legacy.init_weights()

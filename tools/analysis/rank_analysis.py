@@ -75,17 +75,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _state_dict(path: str, prefix: str) -> dict:
+def load_weights(backbone, path: str, prefix: str) -> None:
+    """Load ``path`` into ``backbone`` strictly (errors name the file, prefix and keys)."""
+    from mmdinomamba.models.utils import load_backbone_checkpoint
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
-    ckpt = torch.load(path, map_location='cpu', weights_only=False)
-    sd = ckpt.get('state_dict', ckpt)
-    prefixes = ('teacher.backbone.', 'backbone.', '') if prefix == 'auto' else (prefix, )
-    for pre in prefixes:
-        picked = {k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)}
-        if picked:
-            return picked
-    raise KeyError(f'{path}: no key starts with {prefixes} (first keys: {list(sd)[:5]})')
+    prefixes = ('teacher.backbone.', 'backbone.') if prefix == 'auto' else (prefix, )
+    load_backbone_checkpoint(backbone, path, prefixes)
 
 
 def build_backbone(spec: str, checkpoint, args):
@@ -106,7 +102,7 @@ def build_backbone(spec: str, checkpoint, args):
     cfg.pop('init_cfg', None)
     backbone = MODELS.build(cfg)
     if checkpoint:
-        backbone.load_state_dict(_state_dict(checkpoint, args.ckpt_prefix), strict=True)
+        load_weights(backbone, checkpoint, args.ckpt_prefix)
     dtype = torch.float64 if args.dtype == 'float64' else torch.float32
     if dtype == torch.float64 and getattr(backbone, 'residual_in_fp32', False):
         backbone.residual_in_fp32 = False  # keep the whole residual stream in float64
@@ -167,14 +163,15 @@ def analyze_model(name, backbone, images, args, pbar):
     for img_id, img in enumerate(images):
         x = img[None].to(next(backbone.parameters()).dtype)
         with torch.no_grad(), capture_mixer_inputs(mixers) as seen:
-            out = backbone.forward_layers(x, layers=layer_ids)
+            backbone.forward_layers(x, layers=[max(layer_ids)])  # runs every analysed layer
         for i in layer_ids:
             heads = pick(mixers[i].num_heads, args.max_heads, 'heads')
             meta = dict(model=name, layer=i)
+            x_i, hw = seen.pop(i)  # the layer's own grid (MILA: one per stage)
+            patches = backbone.token_layout(hw).patch_index
             with torch.no_grad():
-                recs, spec = analyze_layer(mixers[i], *seen.pop(i), out['layout'].patch_index,
-                                           heads, args.block_size, args.rel_tol, args.abs_tol,
-                                           meta)
+                recs, spec = analyze_layer(mixers[i], x_i, hw, patches, heads, args.block_size,
+                                           args.rel_tol, args.abs_tol, meta)
             for r in recs:
                 r['image'] = img_id
             records += recs

@@ -19,12 +19,12 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
-from mmengine.runner import load_checkpoint
 from tqdm import tqdm
 
 import mmdinomamba  # noqa: F401  (registration)
 from mmdinomamba.analysis import compute_featmaps, pca_rgb, plots
 from mmdinomamba.evaluation import BinaryAUC, minmax_normalize, resize_mask, roc_curve
+from mmdinomamba.models.utils import load_checkpoint_strict
 
 
 def parse_args(argv=None):
@@ -51,7 +51,7 @@ def build_model(cfg, args):
     from mmpretrain.registry import MODELS
     model = MODELS.build(cfg.model)
     if args.checkpoint:
-        load_checkpoint(model, args.checkpoint, map_location='cpu', logger='current')
+        load_checkpoint_strict(model, args.checkpoint)
     fcfg = model.featmap_cfg
     if args.layers:
         fcfg['layers'] = args.layers

@@ -10,7 +10,9 @@ or ``cls_token`` / ``pos_embed_cls`` (1, 12, C) and a 7x7 ``pos_embed`` (1, 49, 
 
 The result loads into ``DinoVim(arch=..., legacy_dinomamba_layout=True)`` (the released token
 layout: outputs equal the official model's) or ``MambaReg(arch=..., img_size=112)``; the meta
-entry records that config. The same weights also load into the clean middle-cls ``DinoVim``.
+entry records that config. The weights record their token layout, so loading them into the
+clean middle-cls ``DinoVim`` (same parameters, different features) is an error that says to set
+``legacy_dinomamba_layout=True``.
 
 Example::
 
@@ -18,11 +20,14 @@ Example::
     python tools/model_converters/dinomamba2mmdm.py mambar.pth mambareg-b.pth --key student
 """
 import argparse
+import os.path as osp
 import re
 import sys
 from collections import OrderedDict
 
 import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VIM_ARCH_BY_WIDTH = {256: 't', 512: 's', 768: 'b'}
 
@@ -53,7 +58,9 @@ def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
     Mamba-Reg: ``pos_embed`` (grid), ``pos_embed_cls`` and ``cls_token`` (registers) unchanged.
     Both: ``layers.{i}.norm`` -> ``layers.{i}.norm1``, ``layers.{i}.mixer.*`` unchanged,
     ``norm_f`` -> ``norm``; ``head.*`` dropped. Unknown keys are kept so that
-    the key check reports them as unexpected.
+    the key check reports them as unexpected. The token layout of the released model
+    (``'legacy_dinomamba'`` / ``'registers'``) is recorded in the state dict's ``_metadata``:
+    loading it into a ``DinoVim`` of the other layout is an error that says what to set.
 
     Returns:
         tuple: (converted state dict, dropped source keys, 'DinoVim' or 'MambaReg').
@@ -73,18 +80,30 @@ def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
             out[_map_layer_key(layer[1], layer[2])] = v
         else:
             out[k] = v
+    from mmdinomamba.models.backbones.layout import (LEGACY_DINOMAMBA, REGISTERS,
+                                                     record_token_layout)
+    record_token_layout(out, LEGACY_DINOMAMBA if kind == 'DinoVim' else REGISTERS)
     return out, dropped, kind
 
 
-def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None) -> dict:
+def reject_other_model(state_dict: dict, source: str) -> None:
+    """A DINO ViT checkpoint (``blocks.{i}.attn.*`` keys) given to this converter: say which
+    converter it needs instead of failing later on its width."""
+    if any(re.search(r'(^|\.)blocks\.\d+\.attn\.', k) for k in state_dict):
+        raise ValueError(f'{source} holds a ViT (keys blocks.*.attn.*), not a Dino-Mamba model: '
+                         'convert it with tools/model_converters/dino_vit2mmdm.py')
+
+
+def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None,
+                  source: str = '<weights>') -> dict:
     """Our model config for converted weights (arch from the width, grid -> img_size)."""
-    for need in ('patch_embed.proj.weight', 'pos_embed'):
-        if need not in state_dict:
-            raise KeyError(f'converted weights have no {need!r}: not a Dino-Mamba backbone?')
+    from mmdinomamba.models.utils import require_keys
+    require_keys(state_dict, ('patch_embed.proj.weight', 'pos_embed'), source, 'Dino-Mamba')
     width = state_dict['patch_embed.proj.weight'].shape[0]
     if arch is None:
         if width not in VIM_ARCH_BY_WIDTH:
-            raise ValueError(f'cannot infer arch from width {width}; pass --arch')
+            raise ValueError(f'{source}: cannot infer the arch from the width {width} (released '
+                             f'widths: {VIM_ARCH_BY_WIDTH}); pass --arch')
         arch = VIM_ARCH_BY_WIDTH[width]
     patch = state_dict['patch_embed.proj.weight'].shape[-1]
     side = round(state_dict['pos_embed'].shape[1]**0.5)
@@ -97,29 +116,35 @@ def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('src', help='official Dino-Mamba checkpoint')
-    parser.add_argument('dst', help='output file')
+    parser.add_argument('dst', help='output file (never the input file)')
     parser.add_argument('--arch', help="'t', 's' or 'b' (default: inferred from the width)")
-    parser.add_argument('--key', default='teacher',
-                        help="checkpoint entry with the weights (default 'teacher'; falls back "
-                        'to a plain state dict when the entry is absent)')
+    parser.add_argument('--key', default=None,
+                        help="checkpoint entry with the weights (default: 'teacher' when "
+                        'present, else the state_dict / model entry or the plain state dict)')
     parser.add_argument('--allow-missing', action='store_true',
                         help='write the file even if keys are missing or mis-shaped')
     args = parser.parse_args(argv)
 
     from mmdinomamba.models.backbones import DinoVim, MambaReg
-    from mmdinomamba.models.utils import (build_on_meta, compare_keys, format_key_report,
-                                          select_state_dict)
-    # DINO checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
-    ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
-    key = args.key if args.key in ckpt else None
-    if key is None:
-        if not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-            print(f'checkpoint has no {args.key!r} entry and is not a plain state dict; '
-                  f'entries: {sorted(ckpt)[:20]}', file=sys.stderr)
-            return 1
-        print(f'no {args.key!r} entry: using the checkpoint as a plain state dict')
-    converted, dropped, kind = convert_dinomamba(select_state_dict(ckpt, key))
-    cfg = infer_vim_cfg(converted, kind, args.arch)
+    from mmdinomamba.models.utils import (build_on_meta, check_output_path, compare_keys,
+                                          converter_weights, format_key_report, require_keys,
+                                          save_atomic)
+    try:
+        if not osp.isfile(args.src):
+            raise ValueError(f'checkpoint not found: {args.src}')
+        check_output_path(args.src, args.dst)
+        # DINO checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
+        ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
+        state, key = converter_weights(ckpt, args.key, args.src)
+        reject_other_model(state, args.src)
+        require_keys(_backbone_only(state)[0], ('patch_embed.proj.weight', 'pos_embed'), args.src,
+                     'Dino-Mamba')
+        converted, dropped, kind = convert_dinomamba(state)
+        cfg = infer_vim_cfg(converted, kind, args.arch, args.src)
+    except (KeyError, ValueError) as err:
+        print(f'error: {err.args[0]}', file=sys.stderr)
+        return 1
+    print(f'weights: entry {key!r} of {args.src}' if key else f'weights: {args.src}')
     cls = {'DinoVim': DinoVim, 'MambaReg': MambaReg}[kind]
     model = build_on_meta(lambda: cls(**{k: v for k, v in cfg.items() if k != 'type'}))
     report = compare_keys(model, converted)
@@ -128,7 +153,7 @@ def main(argv=None) -> int:
         print('not written: fix the keys above or pass --allow-missing', file=sys.stderr)
         return 1
     meta = dict(source=args.src, converter='dinomamba2mmdm', key=key, model_cfg=cfg)
-    torch.save(dict(state_dict=converted, meta=meta), args.dst)
+    save_atomic(dict(state_dict=converted, meta=meta), args.dst)
     print(f'wrote {len(converted)} tensors to {args.dst}; model: {cfg}')
     return 0
 

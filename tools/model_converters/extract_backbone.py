@@ -13,9 +13,10 @@ Example::
 import argparse
 import os.path as osp
 import sys
-from collections import OrderedDict
 
 import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 PREFIXES = {
     'teacher': ('teacher.backbone.', 'teacher.module.backbone.'),
@@ -26,7 +27,7 @@ PREFIXES = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('checkpoint', help='DINO checkpoint (mmengine .pth)')
-    parser.add_argument('out', help='output file')
+    parser.add_argument('out', help='output file (never the input checkpoint)')
     parser.add_argument('--part', choices=sorted(PREFIXES), default='teacher',
                         help='which network to take the backbone from (default: teacher)')
     return parser.parse_args(argv)
@@ -38,7 +39,8 @@ def _top_prefixes(keys) -> list:
 
 
 def extract_backbone(state_dict: dict, part: str = 'teacher', source: str = '<state_dict>'):
-    """The backbone keys of ``part`` with their prefix stripped (``module.`` removed first).
+    """The backbone keys of ``part`` with their prefix stripped (``module.`` removed first);
+    the state dict's ``_metadata`` (e.g. the token layout a DinoVim records) follows the keys.
 
     Raises:
         KeyError: no key of ``state_dict`` has a prefix of ``part``; the message names
@@ -46,10 +48,10 @@ def extract_backbone(state_dict: dict, part: str = 'teacher', source: str = '<st
     """
     if part not in PREFIXES:
         raise ValueError(f'part={part!r} is not one of {sorted(PREFIXES)}')
-    sd = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                     for k, v in state_dict.items())
+    from mmdinomamba.models.utils import strip_prefix
+    sd = strip_prefix(state_dict, 'module.')
     for prefix in PREFIXES[part]:
-        out = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
+        out = strip_prefix(sd, prefix, keep_only=True)
         if out:
             return out, prefix
     raise KeyError(f'{source}: no {part} backbone keys (looked for the prefixes '
@@ -61,10 +63,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
         sys.exit(f'checkpoint not found: {args.checkpoint}')
-    if osp.abspath(args.out) == osp.abspath(args.checkpoint) or (
-            osp.exists(args.out) and osp.samefile(args.out, args.checkpoint)):
-        sys.exit(f'refusing to overwrite the input checkpoint {args.checkpoint}; choose another '
-                 'output path')
+    from mmdinomamba.models.utils import check_output_path, save_atomic
+    try:
+        check_output_path(args.checkpoint, args.out)
+    except ValueError as err:
+        sys.exit(str(err))
     ckpt = torch.load(args.checkpoint, map_location='cpu', weights_only=False)
     state_dict = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state_dict, dict):
@@ -79,10 +82,7 @@ def main(argv=None) -> None:
     for key in ('epoch', 'iter', 'seed', 'mmengine_version'):
         if key in src_meta:
             meta[key] = src_meta[key]
-    out_dir = osp.dirname(osp.abspath(args.out))
-    if out_dir and not osp.isdir(out_dir):
-        sys.exit(f'output folder does not exist: {out_dir}')
-    torch.save({'state_dict': backbone, 'meta': meta}, args.out)
+    save_atomic({'state_dict': backbone, 'meta': meta}, args.out)
     n = sum(v.numel() for v in backbone.values() if hasattr(v, 'numel'))
     print(f'{args.part} backbone ({prefix}*): {len(backbone)} tensors, {n / 1e6:.2f}M values '
           f'-> {args.out}')

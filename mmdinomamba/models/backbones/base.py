@@ -5,14 +5,32 @@ from mmpretrain.models.backbones.base_backbone import BaseBackbone
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..utils import PatchEmbed, infer_grid, resize_pos_embed
+from ..utils import PatchEmbed, infer_grid, init_weights_strict, resize_pos_embed
 from .layout import TokenLayout
 
-__all__ = ['PlainBackbone']
+__all__ = ['PlainBackbone', 'resolve_layer_indices']
 
 
 def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def resolve_layer_indices(indices, num_layers: int, name: str = 'layers') -> list[int]:
+    """0-based layer indices (negative allowed) -> absolute ones, in the order given.
+
+    Raises:
+        IndexError: an index outside ``[-num_layers, num_layers)`` (checked before any modulo,
+            so an out-of-range index never wraps to another layer).
+    """
+    if isinstance(indices, int):
+        indices = [indices]
+    out = []
+    for i in indices:
+        if not -num_layers <= i < num_layers:
+            raise IndexError(f'{name}: layer index {i} is out of range for a backbone with '
+                             f'{num_layers} layers (valid: {-num_layers}..{num_layers - 1})')
+        out.append(i % num_layers)
+    return out
 
 
 class PlainBackbone(BaseBackbone):
@@ -45,7 +63,10 @@ class PlainBackbone(BaseBackbone):
         norm_eval (bool): keep batch-norm layers in eval mode while training. Defaults to False.
         with_cp (bool): activation checkpointing per block while training. Defaults to False.
         residual_in_fp32 (bool): keep the residual stream in float32. Defaults to False.
-        init_cfg (dict, optional): mmengine init config (e.g. ``Pretrained``). Defaults to None.
+        init_cfg (dict, optional): mmengine init config; ``dict(type='Pretrained',
+            checkpoint=PATH, prefix=P)`` loads the weights strictly in :meth:`init_weights`
+            (``P`` e.g. ``'teacher.backbone.'`` for a DINO checkpoint; a backbone-only file is
+            recognized whatever ``P``). Defaults to None.
     """
     arch_zoo: dict = {}
     arch_keys: tuple = ('embed_dims', 'num_layers')
@@ -116,17 +137,20 @@ class PlainBackbone(BaseBackbone):
         for p in (self.pos_embed, self.cls_token, self.pos_embed_cls):
             nn.init.trunc_normal_(p, std=.02)
 
+    @property
+    def layer_dims(self) -> list[int]:
+        """Width of each layer's tokens (``embed_dims`` for every layer of the plain trunk)."""
+        return [self.embed_dims] * self.num_layers
+
     def _resolve_layers(self, indices, name: str) -> list[int]:
-        if isinstance(indices, int):
-            indices = [indices]
-        out = []
-        for i in indices:
-            if not -self.num_layers <= i < self.num_layers:
-                raise IndexError(f'{name}: layer index {i} is out of range for a backbone with '
-                                 f'{self.num_layers} layers (valid: {-self.num_layers}..'
-                                 f'{self.num_layers - 1})')
-            out.append(i % self.num_layers)
-        return out
+        return resolve_layer_indices(indices, self.num_layers, name)
+
+    def init_weights(self) -> None:
+        """mmengine init; a ``Pretrained`` init_cfg is loaded STRICTLY: a checkpoint that does
+        not fit (missing, unexpected or mis-shaped keys; another token layout) is an error naming
+        the file, the prefix and the keys (see :func:`~mmdinomamba.models.utils.
+        init_weights_strict`). A ``pos_embed`` of another grid is resized on load."""
+        init_weights_strict(self, super().init_weights)
 
     # ---- tokens ---------------------------------------------------------------------------
     def token_layout(self, hw: tuple[int, int]) -> TokenLayout:

@@ -11,8 +11,14 @@ from torch import Tensor
 
 __all__ = [
     'TokenLayout', 'front_cls_layout', 'middle_cls_layout', 'legacy_dinomamba_layout',
-    'register_layout'
+    'register_layout', 'LAYOUT_METADATA_KEY', 'MIDDLE_CLS', 'LEGACY_DINOMAMBA', 'REGISTERS',
+    'record_token_layout'
 ]
+
+#: ``local_metadata`` entry of a state dict recording the token layout the weights were trained
+#: (or converted) for: a DinoVim computes the same features only with that layout.
+LAYOUT_METADATA_KEY = 'token_layout'
+MIDDLE_CLS, LEGACY_DINOMAMBA, REGISTERS = 'middle_cls', 'legacy_dinomamba', 'registers'
 
 
 def _empty() -> Tensor:
@@ -96,3 +102,13 @@ def register_layout(h: int, w: int, num_registers: int) -> TokenLayout:
     reg = torch.arange(num_registers) * (k + 1) + k
     return TokenLayout(n + num_registers, None, register_index=reg,
                        patch_index=_patches_around(n + num_registers, reg.tolist()))
+
+
+def record_token_layout(state_dict, name: str, prefix: str = '') -> None:
+    """Record the token layout ``name`` for the module at ``prefix`` (e.g. '' or 'backbone.')
+    in ``state_dict._metadata`` (created if absent), where that module's
+    ``_load_from_state_dict`` finds it."""
+    if getattr(state_dict, '_metadata', None) is None:
+        from collections import OrderedDict
+        state_dict._metadata = OrderedDict()
+    state_dict._metadata.setdefault(prefix[:-1], {})[LAYOUT_METADATA_KEY] = name

@@ -19,7 +19,8 @@ from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..utils import resize_pos_embed
+from ..utils import init_weights_strict, resize_pos_embed
+from .base import resolve_layer_indices
 from .layout import TokenLayout
 from .mila_layers import ConvStem, LinearMerging, MBConvMerging, MILABlock, PatchStem
 
@@ -55,7 +56,8 @@ class MILA(BaseBackbone):
         downsample (str): 'mbconv' (MILA) or 'linear' (Swin merge). Defaults to 'mbconv'.
         mixer_cfg (dict, optional): overrides of the mixer config :data:`MILA_MIXER`
             (``num_heads`` comes from the arch). Defaults to None.
-        init_cfg (dict, optional): mmengine init config. Defaults to None.
+        init_cfg (dict, optional): mmengine init config; ``Pretrained`` loads strictly (see
+            :meth:`init_weights`). Defaults to None.
     """
     arch_zoo = {
         **dict.fromkeys(['t', 'tiny'], dict(embed_dims=64, depths=[2, 4, 8, 4],
@@ -142,9 +144,20 @@ class MILA(BaseBackbone):
             self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] *
                                                                self.pos_grid[1], c))
 
+    #: the LayerNorms of output stages a checkpoint may lack (a classifier has ``norm3`` only;
+    #: seg / det models output every stage): they keep their init (weight 1, bias 0)
+    optional_pretrained_keys = (r'^norm\d+\.(weight|bias)$', )
+
     def init_weights(self):
-        super().init_weights()
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+        """MILA's init (truncated normal Linear, unit LayerNorm); a ``Pretrained`` init_cfg is
+        then loaded STRICTLY, except :attr:`optional_pretrained_keys` (see
+        :func:`~mmdinomamba.models.utils.init_weights_strict`)."""
+        init_weights_strict(self, self._init_from_scratch)
+
+    def _init_from_scratch(self):
+        already = self._is_init
+        super().init_weights()  # warns and does nothing when called a second time
+        if already:
             return
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -226,47 +239,84 @@ class MILA(BaseBackbone):
     def _stage_norm(self, s: int):
         return getattr(self, f'norm{s}') if s in self.out_indices else nn.Identity()
 
-    def forward_layers(self, x: Tensor, layers=None, with_mixing: bool = False) -> dict:
-        """Per-block outputs for analysis (blocks indexed 0..num_layers-1 across stages).
+    @property
+    def layer_dims(self) -> list:
+        """Width of each block's tokens (``C * 2**stage``)."""
+        return [self.stage_dims[s] for s in self.stage_of]
 
-        Tokens are normed with the stage's output norm when that stage is in ``out_indices``
-        (else returned as they are). ``mixing`` holds ``block.mixer.mixing_matrix(
-        block.mixer_input(x), hw)`` (``mixer_input`` = ``norm1(cpe1(x))``). MILA has no cls
-        token (``layout.cls_index is None``): a per-image map is, e.g., the mean over the query
-        rows of ``M`` or the cosine of the mean-pooled feature to the patches.
+    def _stage_range(self, s: int) -> str:
+        blocks = [i for i, st in enumerate(self.stage_of) if st == s]
+        return f'{blocks[0]}..{blocks[-1]}'
 
-        Returns:
-            dict: ``tokens`` list of (B, L_i, C_i); ``mixing`` list of (B, heads_i, L_i, L_i)
-            (if asked); ``hw`` and ``layout``: one grid / :class:`TokenLayout` when all
-            requested blocks share a stage, else lists aligned with ``tokens``.
-        """
-        wanted = list(range(self.num_layers)) if layers is None else [
-            i % self.num_layers for i in ([layers] if isinstance(layers, int) else layers)]
-        for i in wanted:
-            if not 0 <= i < self.num_layers:
-                raise ValueError(f'MILA: layer {i} out of range for {self.num_layers} blocks')
+    def _run_layers(self, x: Tensor, wanted: list, with_mixing: bool, source: str) -> dict:
+        """Run the blocks up to ``max(wanted)``; per wanted block its normed tokens, grid and
+        (if asked) mixing matrix."""
+        if source not in ('block', 'mixer'):
+            raise ValueError(f"MILA: source={source!r} is not 'block' or 'mixer'")
         x, hw = self._embed(x)
         got = {}
         for i in range(max(wanted) + 1):
-            s = self.stage_of[i]
+            s, block = self.stage_of[i], self.layers[i]
             if i in wanted and with_mixing:
-                got.setdefault(i, {})['mixing'] = self.layers[i].mixer.mixing_matrix(
-                    self.layers[i].mixer_input(x, hw), hw)
-            x = self.layers[i](x, hw)
+                got.setdefault(i, {})['mixing'] = block.mixer.mixing_matrix(
+                    block.mixer_input(x, hw), hw)
+            x, y = block.forward_with_mixer(x, hw)
             if i in wanted:
-                got.setdefault(i, {}).update(tokens=self._stage_norm(s)(x), hw=hw)
+                got.setdefault(i, {}).update(
+                    tokens=self._stage_norm(s)(y if source == 'mixer' else x), hw=tuple(hw))
             if s < self.num_stages - 1 and (i + 1 == self.num_layers or self.stage_of[i + 1] != s):
                 x, hw = self.downsamples[s](x, hw)
-        hws = [tuple(got[i]['hw']) for i in wanted]
-        one = len(set(hws)) == 1
-        out = dict(tokens=[got[i]['tokens'] for i in wanted],
-                   hw=hws[0] if one else hws,
-                   layout=self.token_layout(hws[0]) if one else [self.token_layout(h) for h in hws])
+        return got
+
+    def forward_layers(self, x: Tensor, layers=None, with_mixing: bool = False,
+                       source: str = 'block') -> dict:
+        """Per-block outputs for analysis and probing (blocks 0..num_layers-1 across stages).
+
+        The backbone contract of ``docs/CONTRACTS.md``: one patch grid and one layout, so the
+        requested blocks must lie in ONE stage (their grids and widths differ across stages).
+        Tokens are normed with the stage's output norm when that stage is in ``out_indices``
+        (else returned as they are). ``mixing`` holds ``block.mixer.mixing_matrix(
+        block.mixer_input(x), hw)`` (``mixer_input`` = ``norm1(cpe1(x))``). MILA has no cls
+        token and no registers (``layout.cls_index is None``): feature maps use the mean over
+        the patch queries (``compute_featmaps(query='mean')``), a probe pools the patches.
+
+        Args:
+            x (Tensor): (B, in_channels, H, W) images.
+            layers (int | Sequence[int], optional): 0-based blocks (negative allowed), in the
+                order wanted. Defaults to all blocks (an error when there are several stages).
+            with_mixing (bool): also return each requested block's mixing matrix.
+            source (str): 'block' (the block output) or 'mixer' (the mixer output), normed as
+                above. Defaults to 'block'.
+
+        Returns:
+            dict: ``tokens`` list of (B, L, C_s); ``hw`` the grid (h, w) of the stage;
+            ``layout`` its :class:`TokenLayout`; ``mixing`` list of (B, heads_s, L, L) (if asked).
+
+        Raises:
+            IndexError: a block index out of ``[-num_layers, num_layers)`` (checked before any
+                index is wrapped).
+            ValueError: the requested blocks span several stages.
+        """
+        wanted = resolve_layer_indices(range(self.num_layers) if layers is None else layers,
+                                       self.num_layers, 'layers')
+        stages = sorted({self.stage_of[i] for i in wanted})
+        if len(stages) > 1:
+            ranges = ', '.join(f'stage {s}: blocks {self._stage_range(s)}' for s in stages)
+            raise ValueError(f'MILA.forward_layers returns one grid and layout, but the blocks '
+                             f'{wanted} lie in the stages {stages} (grids and widths differ); '
+                             f'request the blocks of one stage at a time ({ranges})')
+        got = self._run_layers(x, wanted, with_mixing, source)
+        hw = got[wanted[0]]['hw']
+        out = dict(tokens=[got[i]['tokens'] for i in wanted], hw=hw, layout=self.token_layout(hw))
         if with_mixing:
             out['mixing'] = [got[i]['mixing'] for i in wanted]
         return out
 
-    def get_intermediate_layers(self, x: Tensor, n: int = 1) -> list:
-        """Mean-pooled (stage-normed) tokens of the last ``n`` blocks: list of (B, C_i)."""
-        out = self.forward_layers(x, list(range(self.num_layers - n, self.num_layers)))
-        return [t.mean(dim=1) for t in out['tokens']]
+    def get_intermediate_layers(self, x: Tensor, n: int = 1, source: str = 'block') -> list:
+        """Mean-pooled (stage-normed) tokens of the last ``n`` blocks: list of (B, C_i) (the
+        blocks may span stages)."""
+        if not 1 <= n <= self.num_layers:
+            raise ValueError(f'n={n} must be in [1, {self.num_layers}]')
+        wanted = list(range(self.num_layers - n, self.num_layers))
+        got = self._run_layers(x, wanted, False, source)
+        return [got[i]['tokens'].mean(dim=1) for i in wanted]

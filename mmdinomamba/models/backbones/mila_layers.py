@@ -151,12 +151,17 @@ class MILABlock(nn.Module):
     def _cpe(conv, x: Tensor, hw: HW) -> Tensor:
         return x if conv is None else x + _to_tokens(conv(_to_img(x, hw)))[0]
 
+    def forward_with_mixer(self, x: Tensor, hw: HW) -> Tuple[Tensor, Tensor]:
+        """x: (B, H*W, C) -> (block output, mixer output), both (B, H*W, C)."""
+        x = self._cpe(self.cpe1, x, hw)
+        y = self.mixer(self.norm1(x), hw)
+        x = x + self.drop_path(y)
+        x = self._cpe(self.cpe2, x, hw)
+        return x + self.drop_path(self.mlp(self.norm2(x))), y
+
     def forward(self, x: Tensor, hw: HW) -> Tensor:
         """x: (B, H*W, C) -> (B, H*W, C)."""
-        x = self._cpe(self.cpe1, x, hw)
-        x = x + self.drop_path(self.mixer(self.norm1(x), hw))
-        x = self._cpe(self.cpe2, x, hw)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return self.forward_with_mixer(x, hw)[0]
 
     def mixer_input(self, x: Tensor, hw: HW) -> Tensor:
         """The mixer's input ``norm1(cpe1(x))`` for ``mixing_matrix`` (CPE comes first)."""

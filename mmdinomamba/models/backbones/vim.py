@@ -6,9 +6,11 @@ from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 
 from ..mixers import BiSSD
+from ..utils import CheckpointMismatchError
 from .base import PlainBackbone
 from .blocks import Block
-from .layout import TokenLayout, legacy_dinomamba_layout, middle_cls_layout, register_layout
+from .layout import (LAYOUT_METADATA_KEY, LEGACY_DINOMAMBA, MIDDLE_CLS, REGISTERS, TokenLayout,
+                     legacy_dinomamba_layout, middle_cls_layout, register_layout)
 
 __all__ = ['DinoVim', 'MambaReg']
 
@@ -45,6 +47,14 @@ class DinoVim(PlainBackbone):
       one. Converted official checkpoints (``tools/model_converters/dinomamba2mmdm.py``)
       compute exactly what they computed in this mode; Dino-Mamba's linear-probe features
       are ``get_intermediate_layers(x, n, source='mixer')``.
+
+    Both layouts have the same parameters, so a checkpoint would load into either and silently
+    compute other features. The state dict therefore records the layout (``token_layout`` in
+    its ``_metadata``: ``'middle_cls'``, ``'legacy_dinomamba'``, or ``'registers'`` for
+    :class:`MambaReg`; the converter records ``'legacy_dinomamba'``), and loading weights
+    recorded with another layout raises :class:`~mmdinomamba.models.utils.
+    CheckpointMismatchError` saying which option to set. Weights without a record (older
+    files) load as before.
 
     Args:
         arch (str | dict): see above. Defaults to 'b'.
@@ -96,6 +106,39 @@ class DinoVim(PlainBackbone):
             return legacy_dinomamba_layout(*hw)
         return middle_cls_layout(*hw)
 
+    @property
+    def token_layout_name(self) -> str:
+        """The layout recorded in state dicts: 'middle_cls' or 'legacy_dinomamba'."""
+        return LEGACY_DINOMAMBA if self.legacy_dinomamba_layout else MIDDLE_CLS
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        metadata = getattr(destination, '_metadata', None)
+        if metadata is not None:
+            metadata.setdefault(prefix[:-1], {})[LAYOUT_METADATA_KEY] = self.token_layout_name
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        recorded = local_metadata.get(LAYOUT_METADATA_KEY)
+        if recorded is not None and recorded != self.token_layout_name:
+            raise CheckpointMismatchError(self._layout_mismatch(recorded))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
+
+    def _layout_mismatch(self, recorded: str) -> str:
+        """What to tell a user loading weights of the layout ``recorded``."""
+        name, own = type(self).__name__, self.token_layout_name
+        what = {LEGACY_DINOMAMBA: 'an official Dino-Mamba checkpoint converted by '
+                'tools/model_converters/dinomamba2mmdm.py, whose cls token sits at the front '
+                'and again in the middle',
+                MIDDLE_CLS: 'a DinoVim with one middle cls token',
+                REGISTERS: 'a MambaReg (register tokens)'}.get(recorded, 'another model')
+        fix = {LEGACY_DINOMAMBA: 'set legacy_dinomamba_layout=True in the backbone config '
+               '(e.g. --cfg-options model.backbone.legacy_dinomamba_layout=True)',
+               MIDDLE_CLS: "set legacy_dinomamba_layout=False (type='DinoVim')",
+               REGISTERS: "use type='MambaReg'"}.get(recorded, 'use the layout of the weights')
+        return (f'the weights were saved with the token layout {recorded!r} ({what}) but this '
+                f'{name} uses {own!r}: it would compute different features from the same '
+                f'weights. To reproduce that model, {fix}.')
+
 
 @MODELS.register_module()
 class MambaReg(DinoVim):
@@ -127,3 +170,8 @@ class MambaReg(DinoVim):
     def token_layout(self, hw: tuple[int, int]) -> TokenLayout:
         """Registers spread evenly among the patches, L = N + R."""
         return register_layout(*hw, self.num_registers)
+
+    @property
+    def token_layout_name(self) -> str:
+        """'registers' (see :class:`DinoVim`)."""
+        return REGISTERS

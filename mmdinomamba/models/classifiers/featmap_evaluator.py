@@ -9,9 +9,11 @@
 Checkpoints: a DINO checkpoint holds ``backbone.*`` (student) and ``teacher.backbone.*``
 (teacher); a converted one holds the backbone keys, bare or under ``backbone.``. A load hook maps
 the first prefix of ``ckpt_prefixes`` found in the state dict onto ``backbone.`` (teacher first by
-default, as DINO evaluates the teacher), and bare backbone keys onto ``backbone.``.
+default, as DINO evaluates the teacher), or bare backbone keys, and drops every other key (the
+evaluator holds nothing but the backbone). ``tools/test.py`` then loads strictly: a checkpoint of
+another backbone is an error naming the file and the keys.
 A backbone ``init_cfg`` (e.g. ``dict(type='Pretrained', checkpoint=..., prefix=...)``) is applied
-at construction, since ``Runner.test()`` does not initialize weights.
+(strictly) at construction, since ``Runner.test()`` does not initialize weights.
 """
 from typing import List, Optional, Sequence, Union
 
@@ -21,6 +23,8 @@ from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
 from mmdinomamba.analysis.featmaps import compute_featmaps
+
+from ..utils import add_prefix, backbone_state_dict, strip_prefix
 
 IMAGENET_PREPROCESSOR = dict(type='ClsDataPreprocessor', mean=[123.675, 116.28, 103.53],
                              std=[58.395, 57.12, 57.375], to_rgb=True)
@@ -37,7 +41,7 @@ class FeatMapEvaluator(BaseModel):
             of the query feature to patch features). Defaults to 'mixing'.
         layers (Sequence[int] | None): layers to map (negative allowed, None = all).
             Defaults to (-1,).
-        query (str): 'auto', 'cls' or 'registers'. Defaults to 'auto'.
+        query (str): 'auto', 'cls', 'registers' or 'mean' (MILA). Defaults to 'auto'.
         cosine_heads (int): channel chunks for 'cosine'. Defaults to 1.
         head_reduce (str | None): None (one map per head) or 'mean'. Defaults to None.
         ckpt_prefixes (Sequence[str]): state-dict prefixes mapped onto ``backbone.``, in order of
@@ -66,27 +70,29 @@ class FeatMapEvaluator(BaseModel):
         self.register_load_state_dict_pre_hook(FeatMapEvaluator._remap_checkpoint_keys)
 
     def _remap_checkpoint_keys(self, state_dict, prefix, *args) -> None:
-        """Load pre-hook: move the preferred backbone weights to ``backbone.``."""
-        keys = [k for k in state_dict if k.startswith(prefix)]
-        target = prefix + 'backbone.'
-        for src in self.ckpt_prefixes:
-            src = prefix + src
-            if src == target or not any(k.startswith(src) for k in keys):
-                continue
-            for k in keys:  # the chosen weights replace any other copy
-                if k.startswith(target):
-                    del state_dict[k]
-            for k in keys:
-                if k.startswith(src):
-                    state_dict[target + k[len(src):]] = state_dict.pop(k)
-            return
-        if any(k.startswith(target) for k in keys):
-            return
-        own = set(self.backbone.state_dict())
-        if own & {k[len(prefix):] for k in keys}:
-            for k in keys:
-                if k[len(prefix):] in own:
-                    state_dict[target + k[len(prefix):]] = state_dict.pop(k)
+        """Load pre-hook: keep only the preferred backbone weights, as ``backbone.*``.
+
+        The evaluator is a backbone and nothing else: the backbone is picked out of the state
+        dict by :func:`~mmdinomamba.models.utils.backbone_state_dict` (the first of
+        ``ckpt_prefixes`` present, else a backbone-only file) and every other key of the
+        checkpoint (DINO heads, ``dino_loss.center``, the student when the teacher is used, a
+        classifier's head) is dropped. The backbone then loads as usual: strictly with
+        ``tools/test.py``, which reports any key that does not fit.
+
+        Raises:
+            KeyError: the state dict holds nothing that looks like backbone weights.
+        """
+        own = [k for k in state_dict if k.startswith(prefix)]
+        picked, _ = backbone_state_dict(strip_prefix(state_dict, prefix, keep_only=True),
+                                        self.backbone.state_dict().keys(), self.ckpt_prefixes,
+                                        source='the checkpoint given to FeatMapEvaluator')
+        for k in own:
+            del state_dict[k]
+        moved = add_prefix(picked, prefix + 'backbone.')
+        state_dict.update(moved)
+        metadata = getattr(state_dict, '_metadata', None)
+        if metadata is not None:  # the loader reads each module's metadata from this object
+            metadata.update(moved._metadata)
 
     def forward(self, inputs: torch.Tensor, data_samples: Optional[List[DataSample]] = None,
                 mode: str = 'predict'):

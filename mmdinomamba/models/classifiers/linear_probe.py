@@ -20,12 +20,12 @@ from typing import Optional
 
 import torch
 from mmengine.logging import print_log
-from mmengine.runner.checkpoint import CheckpointLoader
 from mmpretrain.models.classifiers import ImageClassifier
 from mmpretrain.registry import MODELS
 from torch import nn
 
-from ..utils import select_state_dict
+from ..necks.probe_neck import POOLINGS
+from ..utils import load_backbone_checkpoint
 
 __all__ = ['LinearProbe', 'FeatureCache']
 
@@ -77,9 +77,12 @@ class LinearProbe(ImageClassifier):
     """Frozen backbone -> pooled features of the last ``num_blocks`` blocks -> linear head.
 
     The backbone must follow the backbone contract (``forward_layers``, ``token_layout``,
-    ``num_layers``, ``embed_dims``; ViT, LinearViT, DinoVim, MambaReg). Its parameters get
-    ``requires_grad=False``, its features are computed under ``torch.no_grad()`` and it stays in
-    eval mode when the runner calls ``model.train()`` (no stochastic depth / dropout).
+    ``num_layers``, ``embed_dims``, ``layer_dims``; ViT, LinearViT, DinoVim, MambaReg, MILA). MILA
+    has no cls token (pool with ``neck=dict(type='ProbeFeatureNeck', pooling='mean')``) and its
+    probed blocks must lie in its last stage (``num_blocks`` up to that stage's depth). The
+    backbone's parameters get ``requires_grad=False``, its features are computed under
+    ``torch.no_grad()`` and it stays in eval mode when the runner calls ``model.train()`` (no
+    stochastic depth / dropout).
 
     Backbone weights: ``backbone.init_cfg=dict(type='Pretrained', checkpoint=PATH, prefix=P)``,
     e.g. ``prefix='teacher.backbone.'`` for a DINO checkpoint of this package (DINO evaluates the
@@ -87,8 +90,9 @@ class LinearProbe(ImageClassifier):
     ``tools/model_converters/extract_backbone.py`` or a converted official checkpoint) is
     accepted whatever the prefix. Unlike mmengine's non-strict ``Pretrained`` init, the weights
     are loaded strictly in :meth:`init_weights` (a wrong prefix must not silently leave a random
-    backbone). ``checkpoint=None`` (or ``init_cfg=None``) gives a randomly initialized backbone
-    (the honest baseline of a probe), with a log message.
+    backbone), by :func:`~mmdinomamba.models.utils.load_backbone_checkpoint` like every
+    backbone's ``Pretrained`` init. ``checkpoint=None`` (or ``init_cfg=None``) gives a randomly
+    initialized backbone (the honest baseline of a probe), with a log message.
 
     Args:
         backbone (dict): backbone config.
@@ -137,12 +141,24 @@ class LinearProbe(ImageClassifier):
 
     @staticmethod
     def _feature_size(backbone: nn.Module, neck: nn.Module, num_blocks: int, head: dict) -> int:
+        name = type(backbone).__name__
+        widths = sorted(set(getattr(backbone, 'layer_dims',
+                                    [backbone.embed_dims] * backbone.num_layers)[-num_blocks:]))
+        if len(widths) > 1:
+            raise ValueError(f'LinearProbe: the last num_blocks={num_blocks} blocks of {name} '
+                             f'have different widths {widths} (they span stages); use fewer '
+                             'blocks, all in the last stage')
         layout = backbone.token_layout(tuple(getattr(backbone, 'pos_grid', (2, 2))))
-        size = neck.out_channels(backbone.embed_dims, num_blocks, layout.register_index.numel())
+        if layout.cls_index is None and not layout.register_index.numel() and \
+                'cls' in POOLINGS.get(getattr(neck, 'pooling', None), ()):
+            raise ValueError(f"LinearProbe: pooling {neck.pooling!r} needs a cls token or "
+                             f"registers, and {name} has neither: use neck=dict("
+                             "type='ProbeFeatureNeck', pooling='mean') (or 'max')")
+        size = neck.out_channels(widths[0], num_blocks, layout.register_index.numel())
         given = head.get('in_channels')
         if given is not None and given != size:
             raise ValueError(f'LinearProbe: head.in_channels={given} but the probe feature has '
-                             f'{size} channels (embed_dims={backbone.embed_dims}, '
+                             f'{size} channels (block width {widths[0]}, '
                              f'num_blocks={num_blocks}, neck={neck.pooling!r}, '
                              f'avgpool={neck.avgpool}); omit head.in_channels to set it '
                              'automatically')
@@ -162,41 +178,11 @@ class LinearProbe(ImageClassifier):
             print_log('LinearProbe: no backbone checkpoint (init_cfg.checkpoint is None): '
                       'probing a RANDOMLY INITIALIZED backbone', logger='current')
             return
-        path, prefix = cfg['checkpoint'], cfg.get('prefix')
-        state, prefix = self._backbone_state(select_state_dict(
-            CheckpointLoader.load_checkpoint(path, map_location='cpu')), prefix, path)
-        try:
-            self.backbone.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise RuntimeError(f'LinearProbe: backbone weights from {path} (prefix {prefix!r}) '
-                               f'do not match {type(self.backbone).__name__}: {err}') from err
-        print_log(f'LinearProbe: loaded {len(state)} backbone tensors from {path} '
-                  f'(prefix {prefix!r})', logger='current')
-
-    def _backbone_state(self, state: dict, prefix: Optional[str], path: str) -> tuple:
-        """The backbone's tensors in ``state`` and the prefix used.
-
-        The keys under ``prefix``; when no key has it, a file that holds exactly the backbone's
-        keys, bare or all under ``backbone.`` (an extracted / converted backbone file), is
-        accepted too (logged). Anything else raises ``KeyError`` naming the file.
-        """
-        if prefix and not prefix.endswith('.'):
-            prefix += '.'
-        if prefix:
-            picked = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            if picked:
-                return picked, prefix
-        own = set(self.backbone.state_dict())
-        for cand in ('', 'backbone.'):
-            if all(k.startswith(cand) for k in state) and \
-                    {k[len(cand):] for k in state} == own:
-                if prefix:
-                    print_log(f'LinearProbe: {path} has no {prefix!r} keys but exactly the '
-                              f'backbone keys (prefix {cand!r}); loading them', logger='current')
-                return {k[len(cand):]: v for k, v in state.items()}, cand
-        tops = sorted({k.split('.')[0] for k in state})[:10]
-        raise KeyError(f'LinearProbe: {path} has no keys under prefix {prefix!r} and is not a '
-                       f'backbone-only file (top-level names: {tops})')
+        path = cfg['checkpoint']
+        count, prefix, skipped = load_backbone_checkpoint(self.backbone, path, cfg.get('prefix'))
+        print_log(f'LinearProbe: loaded {count} backbone tensors from {path} '
+                  f'(prefix {prefix!r}), strictly' +
+                  (f'; not in the checkpoint: {skipped}' if skipped else ''), logger='current')
 
     def _load_from_state_dict(self, *args, **kwargs):
         if self.feature_cache is not None:  # new weights: memoized features are stale

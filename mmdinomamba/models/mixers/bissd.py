@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from mmdinomamba.ops import (_triton, bidir_causal_conv1d, bidir_conv_scan, bidir_gated_merge,
-                             gated_rms_norm, ssd_mixing_matrix, ssd_scan)
+                             gated_rms_norm, ssd_decay_matrix, ssd_mixing_matrix, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
@@ -231,9 +231,14 @@ class BiSSD(BaseModule):
             mixed = merge(y, z, None)
         return self.out_proj(mixed)
 
+    def _problem(self, x: Tensor) -> tuple:
+        """``z`` and the scan problem of both directions for the analysis methods."""
+        z, xBC, dt = self._project(x)
+        return (z, ) + self._scan_inputs(xBC, dt)
+
     @torch.no_grad()
     def mixing_matrices(self, x: Tensor, hw: tuple[int, int] | None = None) -> dict:
-        """The two directions' semiseparable matrices and the values they act on.
+        """Each direction's matrix and the values it is applied to: the EXACT per-direction map.
 
         Returns a dict (all in the ORIGINAL token order):
 
@@ -243,12 +248,12 @@ class BiSSD(BaseModule):
           direction scans (they differ: each direction has its own causal conv);
         * ``gate``: (B, L, d_inner) ``z``.
 
-        Exactly: ``y_dir = M_dir @ value_dir`` per head is each direction's scan output, and the
-        mixer output is ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)`` (with
-        ``rmsnorm=False``: ``out_proj((y_fwd + y_bwd) / 2 * silu(z))``).
+        Exactly (up to rounding): ``M_dir @ value_dir`` per head is that direction's scan
+        output before its gated RMSNorm, ``y_dir``; the mixer output is
+        ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)`` (with ``rmsnorm=False``:
+        ``out_proj((y_fwd + y_bwd) / 2 * silu(z))``).
         """
-        z, xBC, dt = self._project(x)
-        u, dt, A, Bm, Cm, D = self._scan_inputs(xBC, dt)
+        z, u, dt, A, Bm, Cm, D = self._problem(x)
         h, g = self.num_heads, self.ngroups
         mats, ct = [], dt.dtype
         for s, sg in ((slice(0, h), slice(0, g)), (slice(h, None), slice(g, None))):
@@ -262,19 +267,33 @@ class BiSSD(BaseModule):
             gate=z)
 
     @torch.no_grad()
-    def mixing_matrix(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
-        """``M = (M_fwd + M_bwd) / 2`` (B, nheads, L, L): Mamba's "hidden attention".
+    def decay_masks(self, x: Tensor, hw: tuple[int, int] | None = None) -> dict:
+        """Each direction's decay mask ``L_M`` (Mamba-2's learnable causal mask), float64.
 
-        ``M_fwd`` (lower) and ``M_bwd`` (upper triangular) are the per-head semiseparable
-        matrices of the two directions in the original token order, each with its ``D`` on
-        the diagonal, averaged as the forward averages the directions. What it reproduces:
-        the two directions scan different values (each has its own causal conv), so
-        ``(M_fwd @ v_fwd + M_bwd @ v_bwd) / 2`` is the exact combined pre-norm scan output,
-        and ``M @ v`` equals it whenever ``v_fwd == v_bwd``. The gated RMSNorm of each direction
-        sits between the scan and the average, so ``M`` describes the token mixing up to that
-        per-token normalization; with ``rmsnorm=False`` the whole mixing step is exactly
-        ``out_proj(((M_fwd @ v_fwd + M_bwd @ v_bwd) / 2) * silu(z))``. Use
-        :meth:`mixing_matrices` for the per-direction terms.
+        Returns:
+            dict: ``forward`` (B, nheads, L, L) lower triangular,
+            ``L[i, j] = exp(sum_{k=j+1..i} dt_k A)``, so that ``mixing_matrices(x)['forward']``
+            is ``L o (C B^T) o dt_j`` below the diagonal; ``backward`` the same for the backward
+            direction in the original token order (upper triangular). Ones on the diagonals.
+        """
+        _, _, dt, A = self._problem(x)[:4]
+        h = self.num_heads
+        return dict(forward=ssd_decay_matrix(dt[..., :h], A[:h]),
+                    backward=ssd_decay_matrix(dt[..., h:], A[h:]).flip(-1).flip(-2))
+
+    @torch.no_grad()
+    def mixing_matrix(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
+        """``M = (M_fwd + M_bwd) / 2`` (B, nheads, L, L): the two directions' matrices averaged.
+
+        This is the combined map that Binary-AUC and the rank analysis read for BiSSD (Mamba's
+        "hidden attention": the forward direction below the diagonal, the backward one above
+        it, the mean of both ``D``-augmented diagonals on it). It is NOT an exact map of the
+        mixer's input to its output: the two directions scan different values (each has its own
+        causal conv) and each direction's gated RMSNorm sits between its scan and the average,
+        so neither ``M @ value_forward`` nor any single ``M @ v`` reproduces the output in
+        general. It is exact only without the norm (``rmsnorm=False``) AND with equal values in
+        both directions, where ``out_proj((M @ v) * silu(z))`` is the output. The exact
+        per-direction maps are :meth:`mixing_matrices`.
         """
         mats = self.mixing_matrices(x, hw)
         return (mats['forward'] + mats['backward']) / 2

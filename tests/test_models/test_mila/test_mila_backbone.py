@@ -125,8 +125,12 @@ def test_forward_layers_mixing_and_layout():
     assert out['layout'].patch_index.tolist() == list(range(24))
     assert [t.shape for t in out['tokens']] == [(1, 24, 64)] * 2
     assert [m.shape for m in out['mixing']] == [(1, 2, 24, 24)] * 2
-    raw = net.forward_layers(x, layers=None)
-    assert len(raw['tokens']) == 5 and isinstance(raw['hw'], list) and raw['hw'][0] == (16, 24)
+    with pytest.raises(ValueError, match=r'blocks \[0, 1, 2, 3, 4\] lie in the stages '
+                       r'\[0, 1, 2, 3\].*stage 2: blocks 2\.\.3'):
+        net.forward_layers(x, layers=None)  # one grid and layout per call (the contract)
+    for bad in (5, -6):  # checked before the index is wrapped (5 used to become block 0)
+        with pytest.raises(IndexError, match=f'layer index {bad} is out of range'):
+            net.forward_layers(x, layers=[bad])
     feats = net.get_intermediate_layers(x, 2)
     assert [f.shape for f in feats] == [(1, 64), (1, 128)]
 
