@@ -16,9 +16,7 @@ import os
 import os.path as osp
 import re
 import shutil
-import socket
 import time
-import uuid
 from typing import Optional
 
 import numpy as np
@@ -27,6 +25,7 @@ from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS
 from PIL import Image
 
+from ..utils.files import scratch_path, stale_scratch_target
 from .embedded_gen import CLASSES, draw_sample
 
 FORMAT_VERSION = 1
@@ -128,34 +127,15 @@ def _check_or_raise(root: str, meta: dict, params: dict, owner: str) -> None:
         raise EmbeddedDataMismatchError(msg)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. PermissionError: the process exists
-        return True
-    return True
-
-
-def _scratch_name(root: str, kind: str) -> str:
-    """A hidden sibling of ``root`` that names its owner: ``.<name>.<kind>-<host>-<pid>-<hex>``."""
-    name = osp.basename(root)
-    return osp.join(osp.dirname(root), f'.{name}.{kind}-{socket.gethostname()}-{os.getpid()}-'
-                    f'{uuid.uuid4().hex[:8]}')
-
-
 def _remove_stale_scratch(root: str, legacy_age_s: float = 3600.) -> None:
     """Remove the hidden scratch folders of killed generations of ``root``.
 
-    A scratch folder (``.<name>.partial-...`` or ``.<name>.old-...``) is stale when the process
-    named in it (same host) no longer runs. Folders of the older ``.embedded-XXXXXXXX`` form
-    carry no owner; they are removed when older than ``legacy_age_s`` seconds.
+    A scratch folder (``.<name>.partial-...`` or ``.<name>.old-...``, see
+    :func:`~mmdinomamba.utils.files.scratch_path`) is stale when the process named in it (same
+    host) no longer runs. Folders of the older ``.embedded-XXXXXXXX`` form carry no owner; they
+    are removed when older than ``legacy_age_s`` seconds.
     """
     parent, name = osp.split(root)
-    pattern = re.compile(rf'^\.{re.escape(name)}\.(partial|old)-(?P<host>.+)-(?P<pid>\d+)-'
-                         r'[0-9a-f]{8}$')
-    host = socket.gethostname()
     try:
         entries = os.listdir(parent)
     except FileNotFoundError:
@@ -164,12 +144,10 @@ def _remove_stale_scratch(root: str, legacy_age_s: float = 3600.) -> None:
         path = osp.join(parent, entry)
         if not osp.isdir(path):
             continue
-        match = pattern.match(entry)
-        if match:
-            stale = match['host'] == host and not _pid_alive(int(match['pid']))
+        if re.match(r'^\.embedded-[A-Za-z0-9_]{8}$', entry):
+            stale = time.time() - os.stat(path).st_mtime > legacy_age_s
         else:
-            stale = (re.match(r'^\.embedded-[A-Za-z0-9_]{8}$', entry) is not None
-                     and time.time() - os.stat(path).st_mtime > legacy_age_s)
+            stale = stale_scratch_target(entry) == name
         if stale:
             _log(f'Removing {path}: left behind by an interrupted embedded data generation',
                  logging.WARNING)
@@ -230,7 +208,7 @@ def generate_embedded_dataset(root, num_train: int = DEFAULTS['num_train'],
     start = time.time()
     os.makedirs(osp.dirname(root), exist_ok=True)
     _remove_stale_scratch(root)
-    tmp = _scratch_name(root, 'partial')
+    tmp = scratch_path(root, 'partial')
     os.mkdir(tmp)
     try:
         for split, ade_split in SPLITS:
@@ -258,7 +236,7 @@ def _swap_into_place(tmp: str, root: str, params: dict, overwrite: bool, owner: 
     if existing is not None and existing != params:
         if not overwrite:
             _check_or_raise(root, existing, params, owner)
-        old = _scratch_name(root, 'old')
+        old = scratch_path(root, 'old')
         os.rename(root, old)
     try:
         os.rename(tmp, root)
