@@ -92,7 +92,7 @@ def _bare_runner(work_dir):
     """What CheckpointHook uses of a runner, with a save_checkpoint that writes ``tag``."""
 
     class FakeRunner:
-        epoch, iter = 0, 0
+        epoch, iter, train_loop = 0, 0, None
         logger = MMLogger.get_instance('atomic_ckpt_test')
 
         def __init__(self):

@@ -6,7 +6,9 @@ checkpoint left, and ``last_checkpoint`` names a deleted or half-written file.
 :class:`AtomicCheckpointHook` writes every checkpoint to a hidden scratch file, renames it into
 place (``os.replace``), then updates ``last_checkpoint`` (also atomically), and only then removes
 the checkpoints that fall out of ``max_keep_ckpts`` (or a previous best one). Scratch files of
-killed runs are removed when the next run starts.
+killed runs are removed when the next run starts. Resuming an epoch-based run from an iteration
+checkpoint in the middle of an epoch is refused unless :class:`EpochSeedHook` (which makes it
+exact) is registered.
 """
 import logging
 import os
@@ -18,8 +20,10 @@ from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
+from mmengine.runner import EpochBasedTrainLoop
 
 from ...utils.files import fsync_file, scratch_path, stale_scratch_target, write_text_atomic
+from .epoch_seed_hook import EpochSeedHook
 
 __all__ = ['AtomicCheckpointHook']
 
@@ -71,6 +75,26 @@ class AtomicCheckpointHook(CheckpointHook):
         super().before_train(runner)
         if self._local() and is_main_process():
             self._remove_stale_scratch(runner)
+        self._check_resume_point(runner)
+
+    @staticmethod
+    def _check_resume_point(runner) -> None:
+        """Refuse to resume an epoch-based run in the middle of an epoch unless
+        :class:`EpochSeedHook` is there to skip the batches already trained (mmengine would
+        train the whole epoch again and run past ``max_iters``)."""
+        if not isinstance(runner.train_loop, EpochBasedTrainLoop) or runner.iter == 0:
+            return
+        epoch_len = len(runner.train_dataloader)
+        done = runner.iter - runner.epoch * epoch_len
+        if done == 0 or any(isinstance(h, EpochSeedHook) for h in runner.hooks):
+            return
+        raise RuntimeError(
+            f'Cannot resume at iteration {runner.iter}: with {epoch_len} batches per epoch, '
+            f'epoch {runner.epoch + 1} starts at iteration {runner.epoch * epoch_len}. This is '
+            'an iteration checkpoint from the middle of an epoch (or the data set / batch size '
+            'changed since it was saved). Add custom_hooks=[dict(type=\'EpochSeedHook\')] to '
+            'skip the batches already trained and resume exactly, or resume from an epoch '
+            'checkpoint.')
 
     def _local(self) -> bool:
         return isinstance(self.file_backend, LocalBackend) and self.file_client_args is None
