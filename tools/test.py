@@ -10,10 +10,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmdinomamba.utils.cli import check_data_roots, load_config  # noqa: E402
+from mmdinomamba.utils.cli import DictAction, check_data_roots, load_config  # noqa: E402
 
 
 def parse_args(argv=None):

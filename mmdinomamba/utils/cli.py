@@ -1,13 +1,57 @@
-"""Helpers shared by ``tools/train.py`` and ``tools/test.py``: config loading with clear errors."""
+"""Helpers shared by the tools: ``--cfg-options`` parsing, config loading with clear errors."""
 import difflib
 import os.path as osp
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from mmengine.config import Config, ConfigDict
+from mmengine.config import DictAction as _MMEngineDictAction
 
 from .compat import patch_external_config_scopes
 
 patch_external_config_scopes()
+
+
+def _split_top_level(text: str) -> List[str]:
+    """Split ``text`` at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in '([':
+            depth += 1
+        elif char in ')]':
+            depth -= 1
+        if depth < 0:
+            raise ValueError(f'--cfg-options: unbalanced brackets in {text!r}')
+        if char == ',' and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f'--cfg-options: unbalanced brackets in {text!r}')
+    parts.append(text[start:])
+    return parts
+
+
+class DictAction(_MMEngineDictAction):
+    """mmengine's ``DictAction`` (``KEY=VALUE``, ``KEY=V1,V2``, ``KEY=[(V1,V2),V3]``) that keeps
+    every value as given: mmengine deletes all spaces, so ``data_root='/data/my set'`` became
+    ``/data/myset``. Here spaces inside a value are kept (only those around list elements are
+    dropped), and a value in quotes is taken as a string as it is (``KEY='1,2'`` is ``'1,2'``).
+    """
+
+    @staticmethod
+    def _parse_iterable(val: str) -> Any:
+        val = val.strip()
+        if len(val) >= 2 and val[0] == val[-1] and val[0] in '\'"':
+            return val[1:-1]
+        is_tuple = val.startswith('(') and val.endswith(')')
+        if is_tuple or (val.startswith('[') and val.endswith(']')):
+            val = val[1:-1]
+        elif ',' not in val:
+            return _MMEngineDictAction._parse_int_float_bool(val)
+        parts = _split_top_level(val)
+        if parts and not parts[-1].strip():  # trailing comma: "a,"
+            parts = parts[:-1]
+        values = [DictAction._parse_iterable(p) for p in parts]
+        return tuple(values) if is_tuple else values
 
 
 def _flat_keys(cfg, prefix=''):
