@@ -53,13 +53,13 @@ def fsync_file(path: str) -> None:
         os.fsync(f.fileno())
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a scratch file and ``os.replace``: readers see the old
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a scratch file and ``os.replace``: readers see the old
     content or the new one, never a part."""
     tmp = scratch_path(path)
     try:
-        with open(tmp, 'w') as f:
-            f.write(text)
+        with open(tmp, 'wb') as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -67,3 +67,8 @@ def write_text_atomic(path: str, text: str) -> None:
         if osp.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` encoded as UTF-8."""
+    write_bytes_atomic(path, text.encode('utf-8'))
