@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
+from mmengine.runner import EpochBasedTrainLoop
 from mmpretrain.registry import HOOKS
 from torch.utils.data import BatchSampler, get_worker_info
 
@@ -127,6 +128,8 @@ class EpochSeedHook(Hook):
         epoch_len = len(runner.train_dataloader)
         done = runner.iter - runner.epoch * epoch_len
         saved, self._saved_epoch_len = self._saved_epoch_len, None
+        if runner.iter == 0 or not isinstance(runner.train_loop, EpochBasedTrainLoop):
+            return 0  # a new run (load_from only loads weights), or an iteration-based loop
         if (saved is not None and saved != epoch_len) or not 0 <= done <= epoch_len:
             raise RuntimeError(
                 f'EpochSeedHook: cannot resume at iteration {runner.iter} of epoch '
