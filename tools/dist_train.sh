@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Usage: bash tools/dist_train.sh CONFIG GPUS [train.py args...]
+# Usage: bash tools/dist_train.sh CONFIG NUM_PROCESSES [train.py args...]
+# One process per GPU; without CUDA the processes train on CPUs (gloo backend). The Python is
+# $PYTHON if set, else the project's .venv/bin/python if it exists, else `python`.
 CONFIG=$1
 GPUS=$2
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
+fi
 
-PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
-python -m torch.distributed.run \
+PYTHONPATH="$ROOT":$PYTHONPATH \
+"$PYTHON" -m torch.distributed.run \
     --nnodes=$NNODES --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR \
     --nproc_per_node=$GPUS --master_port=$PORT \
-    "$(dirname "$0")/train.py" "$CONFIG" --launcher pytorch "${@:3}"
+    "$ROOT/tools/train.py" "$CONFIG" --launcher pytorch "${@:3}"

@@ -10,10 +10,10 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmdinomamba.utils.cli import check_data_roots, load_config  # noqa: E402
+from mmdinomamba.utils.cli import (DictAction, check_data_roots, check_out_path,  # noqa: E402
+                                   dump_metrics, load_config, setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -22,7 +22,7 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', nargs='?', help='checkpoint file (positional form)')
     parser.add_argument('--checkpoint', dest='checkpoint_opt', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save logs and metrics')
-    parser.add_argument('--out', help='dump the metrics to this .json/.pkl file')
+    parser.add_argument('--out', help='dump the metrics to this .json/.pkl file (NaN -> null)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config keys, e.g. test_dataloader.batch_size=8')
     parser.add_argument('--allow-new-keys', action='store_true',
@@ -37,6 +37,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.out:
+        check_out_path(args.out)
     cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -48,14 +50,14 @@ def main(argv=None):
             raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
         cfg.load_from = args.checkpoint
     check_data_roots(cfg)
+    setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg)
     if cfg.get('load_from'):  # the runner loads non-strictly: a checkpoint must fit the model
         from mmdinomamba.models.utils import load_checkpoint_strict
         load_checkpoint_strict(runner.model, cfg.load_from)
     metrics = runner.test()
     if args.out:
-        from mmengine.fileio import dump
-        dump(metrics, args.out)
+        dump_metrics(metrics, args.out)
     return metrics
 
 

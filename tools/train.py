@@ -7,17 +7,20 @@ Example:
     python tools/train.py CONFIG --work-dir work_dirs/x --resume --amp
 """
 import argparse
+import glob
+import logging
 import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import DictAction  # noqa: E402
+from mmengine.logging import print_log  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmdinomamba.utils.cli import check_data_roots, load_config  # noqa: E402
+from mmdinomamba.utils.cli import (DictAction, check_data_roots, load_config,  # noqa: E402
+                                   setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -41,6 +44,27 @@ def parse_args(argv=None):
     return args
 
 
+def latest_checkpoint(work_dir: str):
+    """The checkpoint that ``--resume`` without a path continues from: the one named in
+    ``work_dir/last_checkpoint``. None, with a warning naming the folder, when there is none
+    (training then starts from scratch); an error when that file names a missing checkpoint."""
+    marker = osp.join(work_dir, 'last_checkpoint')
+    if not osp.isfile(marker):
+        found = sorted(glob.glob(osp.join(work_dir, '*.pth')))
+        hint = (f' It holds {len(found)} .pth file(s) (e.g. {osp.basename(found[-1])}); pass '
+                'one with --resume PATH to resume from it.' if found else '')
+        print_log(f'--resume: no checkpoint to resume from in {osp.abspath(work_dir)} (no '
+                  f'last_checkpoint file): training starts from scratch.{hint}',
+                  logger='current', level=logging.WARNING)
+        return None
+    with open(marker) as f:
+        path = f.read().strip()
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'--resume: {marker} names {path!r}, which does not exist; '
+                                'pass the checkpoint to resume from with --resume PATH')
+    return path
+
+
 def merge_args(cfg, args):
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -54,7 +78,7 @@ def merge_args(cfg, args):
         opt.type = 'AmpOptimWrapper'
         opt.setdefault('loss_scale', 'dynamic')
     if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
+        cfg.resume, cfg.load_from = True, latest_checkpoint(cfg.work_dir)
     elif args.resume is not None:
         if not osp.isfile(args.resume):
             raise FileNotFoundError(f'--resume: checkpoint not found: {args.resume}')
@@ -72,6 +96,7 @@ def main(argv=None):
     cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)
     cfg = merge_args(cfg, args)
     check_data_roots(cfg)
+    setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

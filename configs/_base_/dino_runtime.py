@@ -1,13 +1,14 @@
 # Runtime shared by the DINO pretraining configs: mmpretrain's default runtime + the DINO hooks.
 # DINOTeacherHook drives the schedules (model.set_progress) and the teacher EMA update;
 # DINOCollapseMonitorHook stops on NaN/inf loss or a collapsed teacher; EpochSeedHook re-seeds
-# every epoch so that --resume repeats the uninterrupted run.
+# every epoch so that --resume repeats the uninterrupted run. AtomicCheckpointHook writes each
+# checkpoint to a scratch file and renames it into place before removing old ones (kill-safe).
 _base_ = 'mmpretrain::_base_/default_runtime.py'
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
 default_scope = 'mmpretrain'
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=3, save_last=True))
+    checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=3, save_last=True))
 custom_hooks = [
     dict(type='DINOTeacherHook'),
     dict(type='DINOCollapseMonitorHook', patience=500),

@@ -7,6 +7,7 @@ _base_ = [
     '../_base_/datasets/embedded_fgmask.py',
 ]
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))  # kill-safe checkpoints
 
 model = dict(
     type='FeatMapEvaluator',

@@ -12,6 +12,7 @@ _base_ = [
     '../_base_/datasets/imagenet_s_binary_auc.py',
 ]
 custom_imports = dict(imports=['mmdinomamba'], allow_failed_imports=False)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))  # kill-safe checkpoints
 
 model = dict(
     type='FeatMapEvaluator',

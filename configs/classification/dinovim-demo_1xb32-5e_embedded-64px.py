@@ -39,7 +39,7 @@ val_cfg = dict()
 test_cfg = dict()
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=2))
+    checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=2))
 # EpochSeedHook re-seeds every epoch so that `--resume` repeats the uninterrupted run exactly.
 custom_hooks = [dict(type='EpochSeedHook')]
 randomness = dict(seed=0, deterministic=False)

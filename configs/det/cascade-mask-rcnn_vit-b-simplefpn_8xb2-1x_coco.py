@@ -50,3 +50,5 @@ optim_wrapper = dict(
             'norm': dict(decay_mult=0.)  # backbone norms (RMSNorm is not found by
             # norm_decay_mult, which catches the LayerNorms of the backbone and the neck)
         }))
+# kill-safe checkpoints (scratch file renamed into place, old ones removed after)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))

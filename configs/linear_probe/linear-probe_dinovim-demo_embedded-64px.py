@@ -55,6 +55,6 @@ val_cfg = dict()
 test_cfg = dict()
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=1))
+    checkpoint=dict(type='AtomicCheckpointHook', interval=10, max_keep_ckpts=1))
 custom_hooks = [dict(type='EpochSeedHook')]
 randomness = dict(seed=0, deterministic=False)

@@ -40,4 +40,5 @@ param_scheduler = dict(type='CosineAnnealingLR', by_epoch=True, T_max=2)
 train_cfg = dict(by_epoch=True, max_epochs=2, val_interval=1)
 val_cfg = dict()
 test_cfg = dict()
-default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=1))
+default_hooks = dict(logger=dict(interval=1),
+                     checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=1))

@@ -23,3 +23,5 @@ model = dict(
     train_cfg=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)]))
 
 optim_wrapper = dict(clip_grad=dict(max_norm=5.0))
+# kill-safe checkpoints (scratch file renamed into place, old ones removed after)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))

@@ -57,3 +57,5 @@ param_scheduler = [
 train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
+# kill-safe checkpoints (scratch file renamed into place, old ones removed after)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))

@@ -4,22 +4,28 @@
 that the real data sets use, so every pipeline (classification, DINO, Binary-AUC, ADE20K-style
 segmentation, COCO-style detection) runs on it unchanged. See ``docs/CONTRACTS.md`` for the tree.
 
-The folder is written into a temporary sibling and renamed into place, so an interrupted run never
-leaves a half-written data set behind, and an existing folder that is not ours is never touched.
+The folder is written into a hidden sibling and renamed into place, so an interrupted run never
+leaves a half-written data set behind (the next run removes the scratch folder of a killed one).
+Generation is always logged. An existing folder that is not ours is never touched, and an existing
+embedded data set is never replaced by one with other parameters unless ``overwrite=True``.
 """
 import io
 import json
+import logging
 import os
 import os.path as osp
+import re
 import shutil
-import tempfile
+import time
 from typing import Optional
 
 import numpy as np
+from mmengine.logging import print_log
 from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS
 from PIL import Image
 
+from ..utils.files import scratch_path, stale_scratch_target
 from .embedded_gen import CLASSES, draw_sample
 
 FORMAT_VERSION = 1
@@ -78,41 +84,132 @@ def _read_meta(root: str) -> Optional[dict]:
         return json.load(f)
 
 
+class EmbeddedDataMismatchError(ValueError):
+    """An existing embedded data set was made with other parameters than the requested ones."""
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    print_log(msg, logger='current', level=level)
+
+
+def _approx_mb(num_images: int, img_size: int) -> float:
+    """Disk use in MB: 5 PNG files per image (about 6 bytes per pixel in all) plus file-system
+    overhead (about 96 MB for the defaults; `du` shows about 94 MB)."""
+    return num_images * (6 * img_size * img_size + 5 * 2048) / 2**20
+
+
+def _folder_mb(folder: str) -> float:
+    size = sum(osp.getsize(osp.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+    return size / 2**20
+
+
+def _describe(value) -> str:
+    if isinstance(value, list) and len(value) > 3:
+        return f'{len(value)} names ({", ".join(map(str, value[:3]))}, ...)'
+    return repr(value)
+
+
+def _mismatch(root: str, meta: dict, params: dict, owner: str) -> Optional[str]:
+    """The error message when ``meta`` (an existing data set) differs from ``params``."""
+    diffs = [f'{key}: existing {_describe(meta.get(key))}, requested {_describe(value)}'
+             for key, value in params.items() if meta.get(key) != value]
+    if not diffs:
+        return None
+    return (f'{owner}: the embedded data set in {root} was made with other parameters '
+            f'({"; ".join(diffs)}). It is not replaced without an explicit flag: pass '
+            'overwrite=True (tools/misc/make_embedded_data.py --overwrite) to regenerate it, '
+            'ask for the existing parameters, or choose another data_root.')
+
+
+def _check_or_raise(root: str, meta: dict, params: dict, owner: str) -> None:
+    msg = _mismatch(root, meta, params, owner)
+    if msg is not None:
+        raise EmbeddedDataMismatchError(msg)
+
+
+def _remove_stale_scratch(root: str, legacy_age_s: float = 3600.) -> None:
+    """Remove the hidden scratch folders of killed generations of ``root``.
+
+    A scratch folder (``.<name>.partial-...`` or ``.<name>.old-...``, see
+    :func:`~mmdinomamba.utils.files.scratch_path`) is stale when the process named in it (same
+    host) no longer runs. Folders of the older ``.embedded-XXXXXXXX`` form carry no owner; they
+    are removed when older than ``legacy_age_s`` seconds.
+    """
+    parent, name = osp.split(root)
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        path = osp.join(parent, entry)
+        if not osp.isdir(path):
+            continue
+        if re.match(r'^\.embedded-[A-Za-z0-9_]{8}$', entry):
+            stale = time.time() - os.stat(path).st_mtime > legacy_age_s
+        else:
+            stale = stale_scratch_target(entry) == name
+        if stale:
+            _log(f'Removing {path}: left behind by an interrupted embedded data generation',
+                 logging.WARNING)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def generate_embedded_dataset(root, num_train: int = DEFAULTS['num_train'],
                               num_val: int = DEFAULTS['num_val'],
                               img_size: int = DEFAULTS['img_size'], seed: int = DEFAULTS['seed'],
-                              progress: bool = False) -> str:
-    """Write the embedded data set to ``root`` if it is not already there with these parameters.
+                              progress: bool = False, overwrite: bool = False,
+                              owner: str = 'generate_embedded_dataset') -> str:
+    """Write the embedded data set to ``root`` unless it is already there with these parameters.
+
+    Generation is always logged (absolute path, image counts and size, disk use). The folder is
+    written into a hidden sibling (``.<name>.partial-<host>-<pid>-<hex>``) and renamed into place,
+    so an interrupted run never leaves a half-written data set; scratch folders of killed runs
+    are removed by the next one. Folders are created with the usual permissions (umask).
 
     Args:
-        root (str | Path): target folder. Created if missing. If it exists, it must be an embedded
-            data set (have ``meta.json``): one with other parameters is replaced; anything else
-            raises, so user data is never overwritten.
+        root (str | Path): target folder. Created if missing. An existing embedded data set
+            (``meta.json``) with these parameters is used as it is; one with other parameters
+            raises :class:`EmbeddedDataMismatchError` (naming the folder, the parameters and
+            both values) unless ``overwrite``. A non-empty folder that is not an embedded data
+            set always raises ``FileExistsError``, so user data is never overwritten.
         num_train (int): training images. Defaults to 2400.
         num_val (int): validation images. Defaults to 480.
         img_size (int): square image side in pixels. Defaults to 64.
         seed (int): generator seed. Defaults to 0.
         progress (bool): show a progress bar. Defaults to False.
+        overwrite (bool): replace an existing embedded data set made with other parameters.
+            Defaults to False.
+        owner (str): the caller's name in messages. Defaults to 'generate_embedded_dataset'.
 
     Returns:
-        str: ``root``.
+        str: ``root`` (absolute).
     """
     root = osp.abspath(str(root))
     params = dict(version=FORMAT_VERSION, num_train=int(num_train), num_val=int(num_val),
                   img_size=int(img_size), seed=int(seed), classes=list(CLASSES))
     for key in ('num_train', 'num_val', 'img_size'):
         if params[key] < 1:
-            raise ValueError(f'generate_embedded_dataset: {key} must be >= 1, got {params[key]}')
+            raise ValueError(f'{owner}: {key} must be >= 1, got {params[key]}')
     meta = _read_meta(root)
     if meta == params:
         return root
     if meta is None and osp.isdir(root) and os.listdir(root):
         raise FileExistsError(
-            f'{root} exists and is not an embedded data set (no meta.json); refusing to write '
-            'into it. Choose another data_root or remove the folder.')
-    parent = osp.dirname(root)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix='.embedded-', dir=parent)
+            f'{owner}: {root} exists and is not an embedded data set (no meta.json); refusing '
+            'to write into it. Choose another data_root or remove the folder.')
+    if meta is not None and not overwrite:
+        _check_or_raise(root, meta, params, owner)
+    num = params['num_train'] + params['num_val']
+    what = 'Replacing the embedded data set' if meta is not None else \
+        'Generating the embedded data set'
+    _log(f'{what} at {root}: {params["num_train"]} train + {params["num_val"]} val images of '
+         f'{img_size}x{img_size} px, seed {seed} (about {_approx_mb(num, img_size):.1f} MB on '
+         'disk)', logging.WARNING)
+    start = time.time()
+    os.makedirs(osp.dirname(root), exist_ok=True)
+    _remove_stale_scratch(root)
+    tmp = scratch_path(root, 'partial')
+    os.mkdir(tmp)
     try:
         for split, ade_split in SPLITS:
             coco = _write_split(tmp, split, ade_split, params[f'num_{split}'], img_size, seed,
@@ -121,26 +218,76 @@ def generate_embedded_dataset(root, num_train: int = DEFAULTS['num_train'],
                    json.dumps(coco).encode())
         _write(osp.join(tmp, 'classes.txt'), ('\n'.join(CLASSES) + '\n').encode())
         _write(osp.join(tmp, 'meta.json'), json.dumps(params, indent=1).encode())
-        _swap_into_place(tmp, root, params)
+        size_mb = _folder_mb(tmp)
+        _swap_into_place(tmp, root, params, overwrite, owner)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _log(f'Embedded data set ready at {root}: {num} images, {size_mb:.1f} MB of files, '
+         f'{time.time() - start:.1f} s')
     return root
 
 
-def _swap_into_place(tmp: str, root: str, params: dict) -> None:
-    """Rename ``tmp`` to ``root``; an old embedded set is moved aside first, then removed."""
+def _swap_into_place(tmp: str, root: str, params: dict, overwrite: bool, owner: str) -> None:
+    """Rename ``tmp`` to ``root``; with ``overwrite`` an old embedded set is moved aside first,
+    then removed. If another process wrote ``root`` meanwhile, its copy is kept when it has our
+    parameters."""
     old = None
-    if osp.isdir(root):
-        old = tmp + '.old'
+    existing = _read_meta(root)
+    if existing is not None and existing != params:
+        if not overwrite:
+            _check_or_raise(root, existing, params, owner)
+        old = scratch_path(root, 'old')
         os.rename(root, old)
     try:
         os.rename(tmp, root)
     except OSError:
-        # Another process finished first: keep its copy if it has our parameters.
-        if _read_meta(root) != params:
+        existing = _read_meta(root)
+        if existing is None:
             raise
+        _check_or_raise(root, existing, params, owner)  # another process finished first
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def prepare_embedded_data(data_root: str, owner: str, generate: bool = True,
+                          overwrite: bool = False, **params) -> dict:
+    """Make sure the embedded data set under ``data_root`` exists and matches ``params``.
+
+    Used by the dataset classes. A parameter given as None accepts the existing data set's
+    value (the package default when the data set is missing); a given value that differs from
+    the existing one raises :class:`EmbeddedDataMismatchError` unless ``overwrite``.
+
+    Args:
+        data_root (str): folder of the embedded data.
+        owner (str): class name used in messages.
+        generate (bool): generate a missing data set (logged: path, size). With False a
+            folder without ``meta.json`` raises ``FileNotFoundError``. Defaults to True.
+        overwrite (bool): regenerate an existing data set made with other parameters.
+            Defaults to False.
+        **params: ``num_train``, ``num_val``, ``img_size``, ``seed`` (int or None).
+
+    Returns:
+        dict: the data set's ``meta.json``.
+    """
+    unknown = set(params) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f'{owner}: unknown generator parameter(s) {sorted(unknown)}; expected '
+                        f'{sorted(DEFAULTS)}')
+    meta = _read_meta(data_root)
+    if meta is None and not generate:
+        raise FileNotFoundError(
+            f'{owner}: no embedded data set at data_root={data_root!r} (meta.json missing); '
+            'create it with `python tools/misc/make_embedded_data.py` or set generate=True')
+    base = DEFAULTS if meta is None else {k: meta.get(k, v) for k, v in DEFAULTS.items()}
+    full = {k: base[k] if params.get(k) is None else params[k] for k in DEFAULTS}
+    if meta is not None:
+        requested = dict(version=FORMAT_VERSION, classes=list(CLASSES), **full)
+        if _mismatch(data_root, meta, requested, owner) is None:
+            return meta
+        if not (overwrite and generate):
+            _check_or_raise(osp.abspath(data_root), meta, requested, owner)
+    generate_embedded_dataset(data_root, **full, overwrite=overwrite, owner=owner)
+    return _read_meta(data_root)
 
 
 @DATASETS.register_module()
@@ -152,32 +299,25 @@ class EmbeddedShapes(CustomDataset):
         split (str): ``'train'`` or ``'val'``. Defaults to ``'train'``.
         with_mask (bool): add ``fg_mask_path`` (binary foreground PNG) to every data info.
             Defaults to False.
-        generate (bool): generate the data if missing (or, when generator parameters are
-            given, made with other ones). With False a missing folder raises
-            ``FileNotFoundError``. Defaults to True.
+        generate (bool): generate the data if missing (logged: absolute path, image counts,
+            size). With False a missing folder raises ``FileNotFoundError``. Defaults to True.
+        overwrite (bool): regenerate an existing data set made with other generator
+            parameters than the given ones. Defaults to False: such a mismatch raises
+            :class:`EmbeddedDataMismatchError` naming the folder, the parameters and both values.
         num_train, num_val, img_size, seed: generator parameters (see
             :func:`generate_embedded_dataset`). None (default) accepts an existing data set as
-            it is and generates a missing one with the package defaults; a given value that
-            differs from the existing data set's regenerates it.
+            it is and generates a missing one with the package defaults.
         **kwargs: passed to :class:`mmpretrain.datasets.CustomDataset` (``pipeline``, ...).
     """
 
     def __init__(self, data_root: str = 'data/embedded', split: str = 'train',
-                 with_mask: bool = False, generate: bool = True,
+                 with_mask: bool = False, generate: bool = True, overwrite: bool = False,
                  num_train: Optional[int] = None, num_val: Optional[int] = None,
                  img_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         if split not in ('train', 'val'):
             raise ValueError(f"EmbeddedShapes: split must be 'train' or 'val', got {split!r}")
-        params = dict(num_train=num_train, num_val=num_val, img_size=img_size, seed=seed)
-        existing = _read_meta(data_root)
-        if generate and (existing is None or any(v is not None for v in params.values())):
-            params = {k: DEFAULTS[k] if v is None else v for k, v in params.items()}
-            generate_embedded_dataset(data_root, **params)
-        elif existing is None:
-            raise FileNotFoundError(
-                f'EmbeddedShapes: no embedded data set at data_root={data_root!r} (meta.json '
-                'missing); create it with `python tools/misc/make_embedded_data.py` or set '
-                'generate=True')
+        prepare_embedded_data(data_root, type(self).__name__, generate, overwrite,
+                              num_train=num_train, num_val=num_val, img_size=img_size, seed=seed)
         self.split = split
         self.with_mask = with_mask
         super().__init__(data_root=data_root, data_prefix=split, ann_file=f'meta/{split}.txt',

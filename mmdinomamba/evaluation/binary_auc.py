@@ -123,7 +123,8 @@ class BinaryAUC(BaseMetric):
         metrics = dict(num_images=len(results), skipped=len(results) - len(kept))
         if not kept:
             MMLogger.get_current_instance().warning(
-                'BinaryAUC: every image was skipped (masks all foreground or all background)')
+                f'BinaryAUC: every image ({len(results)} of {len(results)}) was skipped (masks '
+                'all foreground or all background): the AUC is NaN')
             return dict(metrics, auc=float('nan'), auc_norm=float('nan'))
         shapes = {r['auc'].shape for r in kept}
         if len(shapes) > 1:

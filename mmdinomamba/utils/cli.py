@@ -1,13 +1,68 @@
-"""Helpers shared by ``tools/train.py`` and ``tools/test.py``: config loading with clear errors."""
+"""Helpers shared by the tools: ``--cfg-options`` parsing, config loading with clear errors."""
 import difflib
+import json
+import logging
+import math
+import os
 import os.path as osp
-from typing import Dict, Optional
+import pickle
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
 
+import numpy as np
+import torch
 from mmengine.config import Config, ConfigDict
+from mmengine.config import DictAction as _MMEngineDictAction
+from mmengine.dist import is_main_process
+from mmengine.logging import print_log
 
 from .compat import patch_external_config_scopes
+from .files import write_bytes_atomic, write_text_atomic
 
 patch_external_config_scopes()
+
+
+def _split_top_level(text: str) -> List[str]:
+    """Split ``text`` at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in '([':
+            depth += 1
+        elif char in ')]':
+            depth -= 1
+        if depth < 0:
+            raise ValueError(f'--cfg-options: unbalanced brackets in {text!r}')
+        if char == ',' and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f'--cfg-options: unbalanced brackets in {text!r}')
+    parts.append(text[start:])
+    return parts
+
+
+class DictAction(_MMEngineDictAction):
+    """mmengine's ``DictAction`` (``KEY=VALUE``, ``KEY=V1,V2``, ``KEY=[(V1,V2),V3]``) that keeps
+    every value as given: mmengine deletes all spaces, so ``data_root='/data/my set'`` became
+    ``/data/myset``. Here spaces inside a value are kept (only those around list elements are
+    dropped), and a value in quotes is taken as a string as it is (``KEY='1,2'`` is ``'1,2'``).
+    """
+
+    @staticmethod
+    def _parse_iterable(val: str) -> Any:
+        val = val.strip()
+        if len(val) >= 2 and val[0] == val[-1] and val[0] in '\'"':
+            return val[1:-1]
+        is_tuple = val.startswith('(') and val.endswith(')')
+        if is_tuple or (val.startswith('[') and val.endswith(']')):
+            val = val[1:-1]
+        elif ',' not in val:
+            return _MMEngineDictAction._parse_int_float_bool(val)
+        parts = _split_top_level(val)
+        if parts and not parts[-1].strip():  # trailing comma: "a,"
+            parts = parts[:-1]
+        values = [DictAction._parse_iterable(p) for p in parts]
+        return tuple(values) if is_tuple else values
 
 
 def _flat_keys(cfg, prefix=''):
@@ -86,3 +141,100 @@ def check_data_roots(cfg: Config) -> None:
             raise FileNotFoundError(
                 f'{name}.dataset.data_root={root!r} does not exist. Point it at your data with '
                 f'--cfg-options {name}.dataset.data_root=/path/to/data (see README "Data").')
+
+
+OUT_FORMATS = ('.json', '.pkl')
+
+
+def check_out_path(path: str) -> None:
+    """Fail at start, naming the problem, when the metrics file ``--out`` could not be written
+    (rather than after the whole evaluation): the extension must be ``.json`` or ``.pkl`` and
+    the folder must exist and be writable."""
+    ext = osp.splitext(path)[1].lower()
+    if ext not in OUT_FORMATS:
+        raise ValueError(f'--out {path!r}: the file must end with .json or .pkl '
+                         f'(got {ext or "no extension"})')
+    folder = osp.dirname(osp.abspath(path))
+    if not osp.isdir(folder):
+        raise FileNotFoundError(f'--out {path!r}: the folder {folder} does not exist; create '
+                                'it or choose another path')
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f'--out {path!r}: the folder {folder} is not writable')
+    if osp.isdir(path):
+        raise IsADirectoryError(f'--out {path!r} is a folder; give a file name')
+
+
+def _plain(value):
+    """``value`` with numpy scalars / arrays as Python numbers / lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _non_finite_to_none(value, key: str, found: List[str]):
+    if isinstance(value, dict):
+        return {k: _non_finite_to_none(v, f'{key}{k}', found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_non_finite_to_none(v, f'{key}[{i}]', found) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(key)
+        return None
+    return value
+
+
+def dump_metrics(metrics: dict, path: str) -> None:
+    """Write ``metrics`` to ``path`` (``.json`` or ``.pkl``) through a scratch file, on the main
+    process only.
+
+    JSON has no NaN: a NaN or infinite metric (e.g. Binary-AUC when every mask is all foreground)
+    is written as ``null``, and a warning names those metrics and the skipped image counts.
+    """
+    if not is_main_process():
+        return
+    metrics = _plain(dict(metrics))
+    if osp.splitext(path)[1].lower() == '.pkl':
+        write_bytes_atomic(path, pickle.dumps(metrics))
+        return
+    found: List[str] = []
+    clean = _non_finite_to_none(metrics, '', found)
+    if found:
+        counts = {k: v for k, v in metrics.items()
+                  if k.endswith(('skipped', 'num_images')) and isinstance(v, int)}
+        detail = f' ({", ".join(f"{k}={v}" for k, v in counts.items())})' if counts else ''
+        print_log(f'--out: {len(found)} metric(s) are not numbers and are written as null in '
+                  f'{path}: {", ".join(found)}{detail}', logger='current',
+                  level=logging.WARNING)
+    write_text_atomic(path, json.dumps(clean, indent=2, allow_nan=False) + '\n')
+
+
+def setup_cpu_distributed(cfg: Config) -> None:
+    """Let a distributed launch (``tools/dist_train.sh`` / ``dist_test.sh``) run on CPUs.
+
+    Without CUDA, the ``gloo`` backend replaces ``nccl``; for ``--launcher pytorch`` the process
+    group is initialized here, since mmengine's ``init_dist`` first calls
+    ``torch.cuda.set_device``, which fails without a driver; and the DDP wrapper gets
+    ``device_ids=None`` (a CPU module takes no device ids). Nothing changes with CUDA or without
+    a launcher.
+    """
+    if cfg.get('launcher', 'none') == 'none' or torch.cuda.is_available():
+        return
+    env_cfg = cfg.setdefault('env_cfg', ConfigDict())
+    dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+    dist_cfg['backend'] = 'gloo'
+    wrapper = cfg.get('model_wrapper_cfg') or ConfigDict(
+        type='MMDistributedDataParallel', broadcast_buffers=False,
+        find_unused_parameters=cfg.get('find_unused_parameters', False))
+    if 'DistributedDataParallel' in str(wrapper.get('type', 'MMDistributedDataParallel')):
+        wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+    if cfg.launcher == 'pytorch' and not torch.distributed.is_initialized():
+        kwargs = {k: v for k, v in dist_cfg.items() if k != 'backend'}
+        if kwargs.get('timeout') is not None:
+            kwargs['timeout'] = timedelta(seconds=kwargs['timeout'])
+        torch.distributed.init_process_group(backend='gloo', **kwargs)

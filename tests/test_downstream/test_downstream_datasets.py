@@ -85,3 +85,17 @@ def test_bad_arguments(cls, embedded_kwargs, tmp_path):
 def test_seg_rejects_reduce_zero_label(embedded_kwargs):
     with pytest.raises(ValueError, match='reduce_zero_label'):
         EmbeddedShapesSeg(split='val', reduce_zero_label=True, **embedded_kwargs)
+
+
+@pytest.mark.parametrize('cls', [EmbeddedShapesSeg, EmbeddedShapesCoco])
+def test_existing_sizes_are_read_not_defaulted(cls, embedded_root):
+    """The session set (48 / 16 images) is used as it is when no sizes are given, and a
+    requested size that differs is an error naming both values (the set is not replaced)."""
+    from mmdinomamba.datasets.embedded import EmbeddedDataMismatchError, _read_meta
+    meta = (embedded_root / 'meta.json').stat().st_mtime_ns
+    ds = cls(data_root=str(embedded_root), split='val')
+    assert len(ds) == 16
+    with pytest.raises(EmbeddedDataMismatchError, match=r'num_val: existing 16, requested 480'):
+        cls(data_root=str(embedded_root), split='val', num_val=480)
+    assert (embedded_root / 'meta.json').stat().st_mtime_ns == meta
+    assert _read_meta(str(embedded_root))['num_train'] == 48

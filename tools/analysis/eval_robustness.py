@@ -23,12 +23,12 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.evaluator import Evaluator  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 
-from mmdinomamba.utils.cli import load_config  # noqa: E402
+from mmdinomamba.utils.cli import DictAction, load_config  # noqa: E402
 
 BASES = osp.join(REPO, 'configs', '_base_', 'datasets')
 #: (key, Table 4 column, dataset base config)

@@ -16,7 +16,7 @@ import os
 import os.path as osp
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
 from tqdm import tqdm
@@ -25,6 +25,7 @@ import mmdinomamba  # noqa: F401  (registration)
 from mmdinomamba.analysis import compute_featmaps, pca_rgb, plots
 from mmdinomamba.evaluation import BinaryAUC, minmax_normalize, resize_mask, roc_curve
 from mmdinomamba.models.utils import load_checkpoint_strict
+from mmdinomamba.utils.cli import DictAction
 
 
 def parse_args(argv=None):

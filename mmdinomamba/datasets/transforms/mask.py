@@ -12,6 +12,8 @@ from mmcv.transforms import BaseTransform
 from mmpretrain.registry import TRANSFORMS
 from PIL import Image
 
+from .loading import named_load_error
+
 IGNORE = 255
 IMAGENET_S_IGNORE_ID = 1000
 MASK_FORMATS = ('binary', 'imagenet_s')
@@ -72,9 +74,15 @@ class LoadFgMask(BaseTransform):
         if not osp.isfile(path):
             raise FileNotFoundError(f'LoadFgMask: mask file not found: {path}')
         fmt = results.get('fg_mask_format', self.mask_format)
-        with Image.open(path) as im:
-            array = np.asarray(im.convert('RGB') if fmt == 'imagenet_s' else im)
-        mask = decode_fg_mask(array, fmt)
+        try:
+            with Image.open(path) as im:
+                array = np.asarray(im.convert('RGB') if fmt == 'imagenet_s' else im)
+        except (OSError, SyntaxError, ValueError) as e:  # unreadable, truncated, not an image
+            raise named_load_error('mask', path, e) from e
+        try:
+            mask = decode_fg_mask(array, fmt)
+        except ValueError as e:
+            raise ValueError(f'LoadFgMask: mask {path}: {e}') from e
         img = results.get('img')
         if self.check_size and img is not None and img.shape[:2] != mask.shape:
             raise ValueError(f'LoadFgMask: mask {path} has size {mask.shape} but the image '

@@ -86,3 +86,76 @@ def test_resume_equals_uninterrupted_run(embedded_root, tmp_path):
     for k, v in a['state_dict'].items():
         assert torch.equal(b['state_dict'][k], v), k
     assert runner.iter == 18
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_resume_from_iteration_checkpoint_mid_epoch(embedded_root, tmp_path, num_workers):
+    """Iteration checkpoints (``by_epoch=False``) with an epoch-based loop: the resumed run skips
+    the batches of the interrupted epoch already trained and repeats the uninterrupted losses,
+    also with data loader workers (whose random streams are replayed)."""
+    def cfg(work_dir, name, resume=False):
+        c = _cfg(embedded_root, work_dir, name, resume)
+        c.default_hooks.checkpoint.update(by_epoch=False, interval=4)
+        c.train_dataloader.update(num_workers=num_workers, persistent_workers=False)
+        return c
+
+    full = Record()
+    _run(cfg(tmp_path / 'full', 'full'), full)
+    _run(cfg(tmp_path / 'part', 'killed'), Record(kill_at=10))  # last checkpoint: iter_8
+    with open(tmp_path / 'part' / 'last_checkpoint') as f:
+        assert f.read().strip().endswith('iter_8.pth')
+    resumed = Record()
+    runner = _run(cfg(tmp_path / 'part', 'resumed', resume=True), resumed)
+    assert sorted(resumed.losses) == list(range(8, 18))  # epoch 2 continues after 2 batches
+    for it in range(8, 18):
+        assert resumed.losses[it] == full.losses[it], (it, resumed.losses[it], full.losses[it])
+    assert runner.iter == 18 and runner.epoch == 3
+
+
+class Crops(Hook):
+    """The first global crop of every image, per epoch: {epoch: {img_path: uint8 tensor}}."""
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.crops = {}
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        crops = self.crops.setdefault(runner.epoch, {})
+        for img, sample in zip(data_batch['inputs'][0], data_batch['data_samples']):
+            crops[sample.img_path] = img.clone()
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_every_epoch_draws_new_augmentations(embedded_root, tmp_path, num_workers):
+    cfg = _cfg(embedded_root, tmp_path, 'crops')
+    cfg.train_cfg.max_epochs = 2
+    cfg.train_dataloader.update(num_workers=num_workers, persistent_workers=False)
+    # Without shuffling every image meets the same point of the same worker's random stream
+    # in both epochs: the augmentations differ only if the streams do.
+    cfg.train_dataloader.sampler.shuffle = False
+    crops = Crops()
+    _run(cfg, crops)
+    first, second = crops.crops[0], crops.crops[1]
+    assert set(first) == set(second) and len(first) == 48
+    same = [p for p in first if torch.equal(first[p], second[p])]
+    assert not same, f'{len(same)} of 48 images got the same crop in epochs 1 and 2'
+
+
+def test_mid_epoch_resume_without_epoch_seed_hook_is_refused(embedded_root, tmp_path):
+    def cfg(name, resume=False):
+        c = _cfg(embedded_root, tmp_path, name, resume)
+        c.custom_hooks = [h for h in c.custom_hooks if h.type != 'EpochSeedHook']
+        c.default_hooks.checkpoint.update(by_epoch=False, interval=4)
+        return c
+
+    _run(cfg('killed'), Record(kill_at=5))  # iter_4: 4 of the 6 batches of epoch 1
+    with pytest.raises(RuntimeError, match=r"iteration 4.*EpochSeedHook"):
+        _run(cfg('resumed', resume=True), Record())
+
+
+def test_resume_with_another_batch_size_is_refused(embedded_root, tmp_path):
+    _run(_cfg(embedded_root, tmp_path, 'killed'), Record(kill_at=7))  # epoch_1.pth
+    cfg = _cfg(embedded_root, tmp_path, 'resumed', resume=True)
+    cfg.train_dataloader.batch_size = 16
+    with pytest.raises(RuntimeError, match=r'made with 6 batches per epoch.*now has 3'):
+        _run(cfg, Record())
