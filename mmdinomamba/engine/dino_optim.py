@@ -12,9 +12,9 @@
   norm. The logged ``grad_norm`` is then the largest per-parameter norm before clipping.
 """
 import torch
-from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, DefaultOptimWrapperConstructor, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
+from mmpretrain.utils import get_ori_model
 from torch import nn
 
 __all__ = ['DINOOptimWrapperConstructor', 'DINOOptimWrapper', 'DINOAmpOptimWrapper']
@@ -38,8 +38,7 @@ class DINOOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     student_modules = ('backbone', 'neck', 'head')
 
     def __call__(self, model: nn.Module):
-        if is_model_wrapper(model):
-            model = model.module
+        model = get_ori_model(model)
         view = _StudentView(model, self.student_modules)
         if not any(True for _ in view.parameters()):
             raise ValueError(f'DINOOptimWrapperConstructor: {type(model).__name__} has none of '
