@@ -7,6 +7,6 @@ from .version import __version__
 from .utils.compat import patch_external_config_scopes
 
 patch_external_config_scopes()
-from . import datasets, engine, evaluation, models  # noqa: F401,E402  (registration)
+from . import analysis, datasets, engine, evaluation, models  # noqa: F401,E402  (registration)
 
 __all__ = ['__version__']
