@@ -26,18 +26,13 @@ import time
 
 import torch
 
-ARCHS = {
-    'vit-s': dict(type='ViT', arch='s'),
-    'vit-b': dict(type='ViT', arch='b'),
-    'linearvit-b': dict(type='LinearViT', arch='b'),
-    'dinovim-t': dict(type='DinoVim', arch='t'),
-    'dinovim-s': dict(type='DinoVim', arch='s'),
-    'dinovim-b': dict(type='DinoVim', arch='b'),
-    'mambareg-b': dict(type='MambaReg', arch='b'),
-    'mila-t': dict(type='MILA', arch='t'),
-    'mila-s': dict(type='MILA', arch='s'),
-    'mila-b': dict(type='MILA', arch='b'),
-}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS as ARCHS  # noqa: E402
+
+#: the models measured when --archs is not given
+DEFAULT_ARCHS = ('vit-s', 'vit-b', 'linearvit-b', 'dinovim-t', 'dinovim-s', 'dinovim-b',
+                 'mambareg-b', 'mila-t', 'mila-s', 'mila-b')
 # fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step.
 MODES = ('fwd', 'fwd+bwd', 'train')
 
@@ -253,7 +248,7 @@ def format_table(rows: list[dict]) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--archs', nargs='+', default=list(ARCHS), choices=list(ARCHS))
+    parser.add_argument('--archs', nargs='+', default=list(DEFAULT_ARCHS), choices=list(ARCHS))
     parser.add_argument('--res', nargs='+', type=int, default=[224, 512, 1024])
     parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
     parser.add_argument('--batch', type=int, nargs='+', default=[8],
