@@ -46,7 +46,7 @@ train_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=32,
-    num_workers=1,
+    num_workers=2,
     persistent_workers=False,
     drop_last=True,
     sampler=dict(type='DefaultSampler', shuffle=True),

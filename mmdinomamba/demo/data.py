@@ -12,8 +12,6 @@ from mmdinomamba.datasets.folder import check_folder_layout
 
 __all__ = ['DemoData', 'prepare_data', 'loader_cfg']
 
-IMAGENET_PREPROCESSOR = dict(type='ClsDataPreprocessor', mean=[123.675, 116.28, 103.53],
-                             std=[58.395, 57.12, 57.375], to_rgb=True)
 
 
 @dataclass

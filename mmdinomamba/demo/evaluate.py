@@ -16,7 +16,8 @@ from mmpretrain.registry import MODELS
 from mmdinomamba.analysis.backbone_eval import backbone_features, evaluate_binary_auc
 from mmdinomamba.evaluation.knn import knn_predict
 from mmdinomamba.evaluation.logistic import fit_logistic_probe
-from .data import IMAGENET_PREPROCESSOR, DemoData, loader_cfg
+from mmdinomamba.datasets.normalization import imagenet_preprocessor
+from .data import DemoData, loader_cfg
 
 __all__ = ['DemoLoaders', 'evaluate_backbone', 'build_backbone']
 
@@ -45,7 +46,7 @@ class DemoLoaders:
             if max_auc_images:
                 cfg['dataset']['indices'] = max_auc_images
             self.masks = Runner.build_dataloader(cfg)
-        self.preprocessor = MODELS.build(dict(IMAGENET_PREPROCESSOR))
+        self.preprocessor = MODELS.build(imagenet_preprocessor())
 
 
 def build_backbone(cfg: dict, checkpoint: Optional[str] = None, seed: int = 0):

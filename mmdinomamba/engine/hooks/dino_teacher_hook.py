@@ -3,10 +3,9 @@ from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
 from mmpretrain.utils import get_ori_model
 
-__all__ = ['DINOTeacherHook', 'unwrap_model']
+__all__ = ['DINOTeacherHook']
 
 #: the model inside a DDP / FSDP wrapper (mmpretrain's helper; the name the hooks import)
-unwrap_model = get_ori_model
 
 
 @HOOKS.register_module()
