@@ -8,7 +8,7 @@ import pytest
 from repo_files import load_file
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DINO_DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-1e_embedded-64px.py')
+DINO_DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py')
 
 
 def _config(tmp_path, root) -> str:
@@ -19,6 +19,7 @@ model = dict(backbone=dict(arch=dict(embed_dims=32, num_layers=2)), head=dict(in
 train_dataloader = dict(batch_size=16, num_workers=0,
                         dataset=dict(data_root='{root}', num_train=48, num_val=16, img_size=64))
 param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=3)]
+train_cfg = dict(max_epochs=1)
 default_hooks = dict(logger=dict(interval=1))
 auc_loader = dict(batch_size=8, num_workers=0, sampler=dict(type='DefaultSampler', shuffle=False),
                   dataset=dict(type='EmbeddedShapes', data_root='{root}', split='val',
