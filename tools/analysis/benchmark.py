@@ -50,23 +50,30 @@ def reference_of(name: str, ref: str | None = None) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-# BiSSD switches of the CUDA path, each with a --no-<switch> flag for A/B runs (CPU: no effect)
-MIXER_SWITCHES = {
-    'fused_conv': 'the flip/cat/conv composition instead of our fused bidirectional conv kernel',
-    'fused_merge': 'flip + two gated RMSNorms + average as separate ops instead of our fused '
-                   'merge kernel',
-    'recompute_conv': 'keep the conv output for the backward pass instead of recomputing it',
-    'recompute_merge': 'keep the merged output for out_proj instead of recomputing it',
+# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant), each with a --no-<switch>
+# flag for A/B runs; the CUDA ones do not change a CPU run
+FAST_PATH_SWITCHES = {
+    'fused_conv': 'CUDA: the flip/cat/conv composition instead of our fused bidirectional conv '
+                  'kernel',
+    'fused_merge': 'CUDA: flip + two gated RMSNorms + average as separate ops instead of our '
+                   'fused merge kernel',
+    'recompute_conv': 'CUDA: keep the conv output for the backward pass instead of recomputing '
+                      'it',
+    'recompute_merge': 'CUDA: keep the merged output for out_proj instead of recomputing it',
+    'quadratic': 'CPU: separate ops and the chunked scan instead of one function with the '
+                 'quadratic scan',
 }
 
 
 def build_options(args) -> dict:
-    """Backbone options from the command line: ``mixer`` (overrides of the Mamba mixers'
-    switches and chunk size) and ``with_cp`` (activation checkpointing per block)."""
-    mixer = {name: False for name in MIXER_SWITCHES if getattr(args, f'no_{name}')}
-    if args.chunk_size:
-        mixer['chunk_size'] = args.chunk_size
-    return dict(mixer=mixer, with_cp=args.with_cp)
+    """Backbone options from the command line: ``variant`` (the fast-path pieces switched off,
+    keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the Mamba mixers' chunk
+    size) and ``with_cp`` (activation checkpointing per block)."""
+    variant = {name: False for name in FAST_PATH_SWITCHES if getattr(args, f'no_{name}')}
+    if variant.pop('quadratic', None) is False:
+        variant['quadratic_max_len'] = 0
+    mixer = dict(chunk_size=args.chunk_size) if args.chunk_size else {}
+    return dict(variant=variant, mixer=mixer, with_cp=args.with_cp)
 
 
 def _build(name: str, device: str, options: dict | None = None):
@@ -120,8 +127,10 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
             amp: bool, compile_model: bool = False, options: dict | None = None) -> dict:
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M).
     ``options``: see :func:`build_options`."""
+    from mmdinomamba.ops import fast_path_variant
     model, optim, x = _setup(name, res, mode, batch, device, compile_model, options)
-    return time_steps(model, optim, x, mode, device, iters, warmup, amp)
+    with fast_path_variant(**(options or {}).get('variant', {})):
+        return time_steps(model, optim, x, mode, device, iters, warmup, amp)
 
 
 def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
@@ -166,17 +175,20 @@ def profile(args, rows: int = 25) -> str:
     name, res, mode = args.profile[0], int(args.profile[1]), args.profile[2]
     if mode not in MODES:
         raise SystemExit(f'--profile: mode {mode!r} is not one of {MODES}')
+    from mmdinomamba.ops import fast_path_variant
+    options = build_options(args)
     model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
-                             build_options(args))
-    for _ in range(args.warmup):
-        _step(model, x, mode, args.amp, optim)
-    _sync(args.device)
+                             options)
     cuda = args.device.startswith('cuda')
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
-        for _ in range(args.iters):
+    with fast_path_variant(**options['variant']):
+        for _ in range(args.warmup):
             _step(model, x, mode, args.amp, optim)
         _sync(args.device)
+        with torch_profile(activities=activities) as prof:
+            for _ in range(args.iters):
+                _step(model, x, mode, args.amp, optim)
+            _sync(args.device)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
@@ -207,13 +219,23 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in [f'no_{name}' for name in MIXER_SWITCHES] + ['with_cp']:
+    for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp']:
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
-    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
     if done.returncode:
         raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _child_env() -> dict:
+    """The environment of a measuring subprocess: it imports the same ``mmdinomamba`` as this
+    process (e.g. a checkout that is not the installed one)."""
+    import mmdinomamba
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mmdinomamba.__file__)))
+    env = os.environ.copy()
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
+    return env
 
 
 def run(args) -> list[dict]:
@@ -264,9 +286,9 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    for name, what in MIXER_SWITCHES.items():
+    for name, what in FAST_PATH_SWITCHES.items():
         parser.add_argument(f'--no-{name.replace("_", "-")}', action='store_true',
-                            help=f'DinoVim/MambaReg: {what} (CUDA A/B; CPU is unaffected)')
+                            help=f'DinoVim/MambaReg: {what}')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
@@ -297,7 +319,7 @@ def main(argv=None) -> None:
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} '
-          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in MIXER_SWITCHES) +
+          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in FAST_PATH_SWITCHES) +
           f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
