@@ -72,7 +72,7 @@ def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
     parts = []
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx)
-        ys = torch.matmul(m['xs'], m['W'].transpose(-1, -2))
+        ys = torch.matmul(m['xs'], m['W'].transpose(-1, -2).contiguous())
         if m['el'] is not None:
             ys.mul_(m['el'].unsqueeze(-2))
         y[b_idx, r, h_idx] += ys
