@@ -9,6 +9,7 @@ from .bidir_conv_scan import bidir_conv_scan
 from .bidir_inner import InnerDims, bidir_ssd_inner
 from .bidir_merge import bidir_gated_merge
 from .conv import causal_conv1d
+from .cpu_allocator import keep_freed_cpu_memory
 from .norm import gated_rms_norm
 from .ssd import PORTABLE_CHUNK_SIZE, SSD_BACKENDS, ssd_scan
 from .ssd_chunked import ssd_scan_chunked
@@ -21,5 +22,5 @@ __all__ = [
     'ssd_decay_matrix', 'gated_rms_norm', 'causal_conv1d', 'bidir_causal_conv1d',
     'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd_inner', 'InnerDims', 'portable_ops',
     'fast_path_variant', 'current_variant', 'FastPathVariant', 'SSD_BACKENDS',
-    'PORTABLE_CHUNK_SIZE', 'QUADRATIC_MAX_LEN'
+    'PORTABLE_CHUNK_SIZE', 'QUADRATIC_MAX_LEN', 'keep_freed_cpu_memory'
 ]

@@ -23,7 +23,8 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'quadratic=True with_cp=False chunk_size=default' in capsys.readouterr().out)
+            'quadratic=True with_cp=False keep_freed_memory=False chunk_size=default'
+            in capsys.readouterr().out)
 
 
 def test_build_passes_the_switches_to_mamba_mixers_only():

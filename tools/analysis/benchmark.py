@@ -9,9 +9,17 @@ was allocated before the first step (the whole peak is printed as ``total MiB``)
 resident set size minus the resident size before the first step (each CPU case runs in its own
 process, so the peak is its own).
 
+Modes: ``fwd`` (inference), ``fwd+bwd``, ``train`` (plus an AdamW step) and ``dino``: the
+training step of DINO on CPU, a teacher forward (no gradients) of the batch (the global crops)
+and a student forward and backward of it and of twice as many crops of half the size (the local
+crops); its img/s counts global crops. ``--batch 64 --res 64`` with the ``-demo`` models is the
+step of the CPU demo (batch 32 x 2 global crops of 64 px, 4 local crops of 32 px).
+
 Example::
 
     python tools/analysis/benchmark.py --device cpu --archs vit-s dinovim-t --res 224 --batch 2
+    python tools/analysis/benchmark.py --device cpu --archs dinovim-demo --res 64 --batch 64 \
+        --modes fwd+bwd dino     # the demo's model, compared with a ViT of equal width / depth
     python tools/analysis/benchmark.py --device cuda --res 224 512 1024 --batch 8 --amp
     python tools/analysis/benchmark.py --device cuda --amp --batch 64 --iters 3 \
         --profile dinovim-b 224 train --trace dinovim-b.json     # where does the time go?
@@ -37,16 +45,24 @@ ARCHS = {
     'mila-t': dict(type='MILA', arch='t'),
     'mila-s': dict(type='MILA', arch='s'),
     'mila-b': dict(type='MILA', arch='b'),
+    # the CPU demo's DinoVim (64 wide, 4 layers, patch 8) and a ViT of equal width and depth
+    'vit-demo': dict(type='ViT', arch=dict(embed_dims=64, num_layers=4, num_heads=4),
+                     img_size=64, patch_size=8),
+    'dinovim-demo': dict(type='DinoVim', arch=dict(embed_dims=64, num_layers=4),
+                         mixer_cfg=dict(d_state=16, headdim=16), img_size=64, patch_size=8),
 }
-# fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step.
-MODES = ('fwd', 'fwd+bwd', 'train')
+# fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step;
+# dino: DINO's step (see the module docstring).
+MODES = ('fwd', 'fwd+bwd', 'train', 'dino')
 
 
 def reference_of(name: str, ref: str | None = None) -> str:
-    """The model ``name`` is compared with: ``ref`` if given, else the ViT of its size letter
-    (``t`` compared with ViT-S)."""
+    """The model ``name`` is compared with: ``ref`` if given, else the ViT of its size (``t``
+    compared with ViT-S, ``-demo`` with the demo-sized ViT)."""
     if ref:
         return ref
+    if name.endswith('-demo'):
+        return 'vit-demo'
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
@@ -81,7 +97,7 @@ def _build(name: str, device: str, options: dict | None = None):
     options = options or {}
     cfg = dict(ARCHS[name])
     if options.get('mixer') and cfg['type'] in ('DinoVim', 'MambaReg'):
-        cfg['mixer_cfg'] = dict(options['mixer'])
+        cfg['mixer_cfg'] = {**cfg.get('mixer_cfg', {}), **options['mixer']}
     if options.get('with_cp'):
         cfg['with_cp'] = True
     return getattr(backbones, cfg.pop('type'))(**cfg, drop_path_rate=0.).to(device)
@@ -92,14 +108,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _outputs(model, x) -> list:
+    out = model(x)
+    return [out] if torch.is_tensor(out) else list(out)
+
+
 def _step(model, x, mode: str, amp: bool, optim=None) -> None:
+    """One step on ``x`` (the global crops and, in 'dino' mode, the local ones)."""
+    x, local = (x, None) if torch.is_tensor(x) else x
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if mode == 'fwd':
+        if mode in ('fwd', 'dino'):
             with torch.no_grad():
-                model(x)
-            return
-        out = model(x)
-    out = (out, ) if torch.is_tensor(out) else out
+                model(x)  # inference / the teacher
+            if mode == 'fwd':
+                return
+        out = _outputs(model, x) + (_outputs(model, local) if mode == 'dino' else [])
     sum(o.float().sum() for o in out).backward()
     if optim is not None:
         optim.step()
@@ -120,7 +143,10 @@ def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_mode
     if compile_model:  # torch.compile the glue around the kernels
         model = torch.compile(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6) if mode == 'train' else None
-    return model, optim, torch.randn(batch, 3, res, res, device=device)
+    x = torch.randn(batch, 3, res, res, device=device)
+    if mode == 'dino':
+        x = (x, torch.randn(2 * batch, 3, res // 2, res // 2, device=device))
+    return model, optim, x
 
 
 def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
@@ -137,8 +163,9 @@ def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
                amp: bool) -> dict:
     """img/s (median step time), peak memory (MiB) beyond what was allocated before the first
     step, and params (M) of ``model`` on input ``x`` (any model whose output is a tensor or a
-    tuple of tensors; ``optim`` only in 'train' mode)."""
-    batch = x.shape[0]
+    tuple of tensors; ``optim`` only in 'train' mode; a pair of global and local crops in 'dino'
+    mode, whose img/s counts the global crops)."""
+    batch = (x if torch.is_tensor(x) else x[0]).shape[0]
     _sync(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
@@ -219,7 +246,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp']:
+    for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp', 'keep_freed_memory']:
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
@@ -262,13 +289,13 @@ def run(args) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     """Rows as a text table; ``peak MiB`` is the growth during the steps, ``total MiB`` (CUDA
     only) the whole peak allocation including the model and input."""
-    head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
-            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
+    head = (f'{"arch":<13}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
+            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>10}{"speed/ref":>11}{"mem/ref":>9}')
     lines = [head, '-' * len(head)]
     for r in rows:
-        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
+        lines.append(f'{r["arch"]:<13}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
                      f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}'
-                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>8}'
+                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>10}'
                      f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
     return '\n'.join(lines)
 
@@ -292,6 +319,9 @@ def parse_args(argv=None):
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help='CPU: let glibc keep freed blocks for reuse '
+                        '(mmdinomamba.ops.keep_freed_cpu_memory) in every measured process')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--ref', choices=list(ARCHS),
@@ -308,6 +338,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.keep_freed_memory and (args.one or args.profile):
+        from mmdinomamba.ops import keep_freed_cpu_memory
+        keep_freed_cpu_memory()
     if args.profile:
         print(profile(args))
         return
@@ -320,7 +353,8 @@ def main(argv=None) -> None:
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} '
           + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in FAST_PATH_SWITCHES) +
-          f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
+          f'with_cp={args.with_cp} keep_freed_memory={args.keep_freed_memory} '
+          f'chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:
