@@ -15,12 +15,13 @@ from .ssd import PORTABLE_CHUNK_SIZE, SSD_BACKENDS, ssd_scan
 from .ssd_chunked import ssd_scan_chunked
 from .ssd_quadratic import ssd_scan_quadratic
 from .ssd_ref import ssd_decay_matrix, ssd_mixing_matrix, ssd_scan_ref
-from .variants import QUADRATIC_MAX_LEN, FastPathVariant, current_variant, fast_path_variant
+from .variants import (QUADRATIC_MAX_LEN, FastPathVariant, current_variant, fast_path_variant,
+                       quadratic_max_len)
 
 __all__ = [
     'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_scan_quadratic', 'ssd_mixing_matrix',
     'ssd_decay_matrix', 'gated_rms_norm', 'causal_conv1d', 'bidir_causal_conv1d',
     'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd_inner', 'InnerDims', 'portable_ops',
     'fast_path_variant', 'current_variant', 'FastPathVariant', 'SSD_BACKENDS',
-    'PORTABLE_CHUNK_SIZE', 'QUADRATIC_MAX_LEN', 'keep_freed_cpu_memory'
+    'PORTABLE_CHUNK_SIZE', 'QUADRATIC_MAX_LEN', 'quadratic_max_len', 'keep_freed_cpu_memory'
 ]

@@ -2,7 +2,7 @@
 
 * ``'ref'``: the naive sequential recurrence (:func:`ssd_scan_ref`, tests only);
 * ``'torch'``: the portable PyTorch scan, the CPU default: the quadratic form
-  (:func:`ssd_scan_quadratic`) up to :data:`~mmdinomamba.ops.QUADRATIC_MAX_LEN` tokens, the
+  (:func:`ssd_scan_quadratic`) up to :func:`~mmdinomamba.ops.quadratic_max_len` tokens, the
   chunked scan (:func:`ssd_scan_chunked`, chunks of :data:`PORTABLE_CHUNK_SIZE`) beyond;
 * ``'triton'``: ``mamba_ssm``'s ``mamba_chunk_scan_combined`` for CUDA tensors.
 
@@ -17,7 +17,7 @@ from ._triton import chunk_scan_fn, log_once
 from .ssd_chunked import ssd_scan_chunked
 from .ssd_quadratic import ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
-from .variants import current_variant
+from .variants import quadratic_max_len
 
 __all__ = ['ssd_scan', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS']
 
@@ -59,7 +59,7 @@ def ssd_scan(x: Tensor,
             'scan', chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C, chunk_size,
             D=D)) is not None:
         return y
-    if x.shape[1] <= current_variant().quadratic_max_len:
+    if x.shape[1] <= quadratic_max_len(x.shape[-1], B.shape[-1]):
         return ssd_scan_quadratic(x, dt, A, B, C, D)
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=PORTABLE_CHUNK_SIZE)
 

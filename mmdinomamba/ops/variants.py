@@ -15,10 +15,15 @@ import contextlib
 import dataclasses
 from typing import Iterator
 
-__all__ = ['FastPathVariant', 'fast_path_variant', 'current_variant', 'QUADRATIC_MAX_LEN']
+__all__ = [
+    'FastPathVariant', 'fast_path_variant', 'current_variant', 'quadratic_max_len',
+    'QUADRATIC_MAX_LEN'
+]
 
-#: Longest sequence the CPU fast path computes in the quadratic form (longer ones use the
-#: chunked scan, whose work grows linearly with the length).
+#: Longest sequence the CPU fast path computes in the quadratic form for heads of 64 channels and
+#: 64 states (half as long for smaller ones); longer ones use the chunked scan, whose work grows
+#: linearly with the length. Measured crossovers (fwd+bwd of a BiSSD layer, 1 CPU thread): about
+#: 550 tokens for DinoVim-T's mixer, 250 for d_state=16, headdim=16.
 QUADRATIC_MAX_LEN = 512
 
 
@@ -36,19 +41,27 @@ class FastPathVariant:
             one autograd function that recomputes the conv in the backward pass.
         recompute_merge (bool): CUDA, with ``fused_merge``: recompute the merged output in the
             backward pass instead of keeping it for ``out_proj``.
-        quadratic_max_len (int): CPU: sequences up to this length run as one autograd function
-            (conv, scan in the quadratic form, merge); longer ones, or 0, as separate ops with
-            the chunked scan.
+        quadratic_max_len (int | None): CPU: sequences up to this length run as one autograd
+            function (conv, scan in the quadratic form, merge); longer ones, or all with 0, as
+            separate ops with the chunked scan. None: :func:`quadratic_max_len`.
     """
     single_scan: bool = True
     fused_conv: bool = True
     fused_merge: bool = True
     recompute_conv: bool = True
     recompute_merge: bool = True
-    quadratic_max_len: int = QUADRATIC_MAX_LEN
+    quadratic_max_len: int | None = None
 
 
 _current = FastPathVariant()
+
+
+def quadratic_max_len(headdim: int, d_state: int) -> int:
+    """The longest sequence scanned in the quadratic form for heads of ``headdim`` channels and
+    ``d_state`` states (the variant's ``quadratic_max_len`` if set)."""
+    if _current.quadratic_max_len is not None:
+        return _current.quadratic_max_len
+    return QUADRATIC_MAX_LEN if min(headdim, d_state) >= 64 else QUADRATIC_MAX_LEN // 2
 
 
 def current_variant() -> FastPathVariant:

@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from mmdinomamba.ops import (SSD_BACKENDS, InnerDims, _triton, bidir_causal_conv1d,
                              bidir_conv_scan, bidir_gated_merge, bidir_ssd_inner, current_variant,
-                             gated_rms_norm, ssd_decay_matrix, ssd_mixing_matrix, ssd_scan)
+                             gated_rms_norm, quadratic_max_len, ssd_decay_matrix,
+                             ssd_mixing_matrix, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
@@ -61,7 +62,7 @@ class BiSSD(BaseModule):
     give the same result up to rounding. On CUDA the fast path runs our fused Triton kernels
     (both directions' conv + scan in one function that recomputes the conv in backward, un-flip +
     both norms + average in one kernel) around ``mamba_ssm``'s scan; on CPU, for sequences up to
-    :data:`~mmdinomamba.ops.QUADRATIC_MAX_LEN` tokens, everything between the projections is one
+    :func:`~mmdinomamba.ops.quadratic_max_len` tokens, everything between the projections is one
     autograd function (:func:`~mmdinomamba.ops.bidir_ssd_inner`). ``fast_path=False`` is the
     specification: flip / cat / depthwise conv, one SSD scan of both directions
     (:func:`~mmdinomamba.ops.ssd_scan`), two gated RMSNorms. The pieces of the fast path are
@@ -183,7 +184,8 @@ class BiSSD(BaseModule):
         if self.fast_path and self.backend != 'ref':
             if _triton.on_kernel_device(proj):
                 return self._forward_kernels(proj)
-            if self.backend != 'triton' and proj.shape[1] <= current_variant().quadratic_max_len:
+            if (self.backend != 'triton'
+                    and proj.shape[1] <= quadratic_max_len(self.headdim, self.d_state)):
                 return self.out_proj(self._inner(proj))
         z, xBC, dt = self._split(proj)
         return self._merge_out(self._scan(*self._scan_inputs(xBC, dt)).flatten(2), z)
