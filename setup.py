@@ -31,7 +31,8 @@ setup(
     extras_require={
         'mm': read_requirements('mminstall.txt'),
         'tests': read_requirements('tests.txt'),
-        'cuda': read_requirements('optional.txt'),
+        'cuda': read_requirements('cuda.txt'),
+        'tensorboard': read_requirements('optional.txt'),
     },
     license='Apache-2.0',
     zip_safe=False,

@@ -5,8 +5,10 @@ Triton or ``mamba_ssm`` eagerly, so it works on a CPU-only machine.
 """
 from .version import __version__
 from .utils.compat import patch_external_config_scopes
+from .utils.quiet import without_onedl_notice
 
 patch_external_config_scopes()
-from . import datasets, engine, evaluation, models  # noqa: F401,E402  (registration)
+with without_onedl_notice():
+    from . import analysis, datasets, engine, evaluation, models  # noqa: F401,E402  (registration)
 
 __all__ = ['__version__']

@@ -34,7 +34,7 @@ def _seed():
 
 @pytest.fixture(scope='session')
 def embedded_root(tmp_path_factory):
-    """A small embedded data set generated once per test session."""
+    """A small embedded data set generated once per test run."""
     from mmdinomamba.datasets.embedded import generate_embedded_dataset
     root = tmp_path_factory.mktemp('embedded')
     generate_embedded_dataset(root, num_train=48, num_val=16, img_size=64, seed=0)

@@ -1,24 +1,30 @@
-"""The README's main job, end to end on the embedded demo data (CPU, a few minutes on 2 cores).
+"""The README's main job: DINO-pretrain a small backbone on CPU, then measure what it learned.
 
-1. generate the embedded data set (deterministic; skipped when it is already there);
-2. DINO-pretrain a tiny DinoVim with ``tools/train.py`` (the demo pretrain config);
-3. take the teacher backbone out of the checkpoint (``tools/model_converters/extract_backbone.py``);
-4. Binary-AUC per layer of the teacher and of the same backbone at random initialization
-   (``tools/test.py`` with the demo analysis config) and a figure of the CLS-to-patch maps;
-5. linear probe of the teacher backbone and of the random-init backbone on the embedded labels;
-6. write ``<work-dir>/report.md`` (also printed) with the loss curve summary, collapse signals,
-   Binary-AUC and probe accuracies. Every step's full log is kept in ``<work-dir>/logs/``.
+1. data: the generated embedded data set (``data/embedded``, made when missing), or a folder of
+   your own in the same layout (``--data-root DIR``: ``classes.txt``, ``meta/{train,val}.txt``,
+   ``train/``, ``val/``, optional ``masks/{train,val}/``), read as it is and never written to;
+2. pretrain with ``tools/train.py`` on the demo DINO config (written, with the data folder filled
+   in, to ``<work-dir>/<mixer>/pretrain_config.py``); the teacher's Binary-AUC per layer is
+   recorded every few iterations when the data have masks;
+3. evaluate the DINO teacher and the same backbone at random init (``--seeds`` seeds) with frozen
+   features: k-NN (DINO's: cosine, k = 20, T = 0.07), a linear probe (logistic regression by
+   L-BFGS) and Binary-AUC per layer;
+4. write ``report.md``, ``summary.json`` and PNG figures into ``<work-dir>``.
 
 Usage::
 
-    python tools/demo.py --work-dir work_dirs/demo            # what `make demo` runs
-    python tools/demo.py --work-dir work_dirs/demo --skip-pretrain   # reuse step 2's checkpoint
+    python tools/demo.py                                  # what `make demo` runs
+    python tools/demo.py --data-root /path/to/my_data     # your own data, same layout
+    python tools/demo.py --mixers dinovim vit linearvit   # the same recipe for three mixers
+    python tools/demo.py --skip-pretrain                  # re-evaluate the last pretraining
 """
 import argparse
+import copy
 import glob
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 import time
@@ -26,60 +32,156 @@ import time
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PRETRAIN_GLOB = 'configs/pretrain/dino_dinovim-demo_*embedded*.py'
-AUC_CONFIG = 'configs/analysis/binary-auc_dinovim-demo_embedded.py'
-PROBE_CONFIG = 'configs/linear_probe/linear-probe_dinovim-demo_embedded-64px.py'
+from mmdinomamba.utils.cli import DictAction  # noqa: E402
+
+CONFIGS = {
+    'dinovim': 'configs/pretrain/dino_dinovim-demo_*embedded*.py',
+    'vit': 'configs/pretrain/dino_vit-demo_*embedded*.py',
+    'linearvit': 'configs/pretrain/dino_linearvit-demo_*embedded*.py',
+}
+DEFAULT_DATA = 'data/embedded'
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--work-dir', default='work_dirs/demo', help='where everything goes')
-    parser.add_argument('--data-root', default='data/embedded',
-                        help='embedded data folder (generated when missing)')
-    parser.add_argument('--pretrain-config', help=f'default: the file matching {PRETRAIN_GLOB}')
-    parser.add_argument('--skip-pretrain', action='store_true',
-                        help="reuse the last checkpoint of an earlier run's pretraining")
-    parser.add_argument('--cfg-options', nargs='+', default=[],
-                        help='extra --cfg-options for the pretraining, '
-                        'e.g. train_cfg.max_epochs=2')
-    return parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--work-dir', default='work_dirs/demo', help='where everything goes')
+    p.add_argument('--data-root', help='a data folder of your own (read only); default: the '
+                   f'embedded data set in {DEFAULT_DATA}, generated when missing')
+    p.add_argument('--overwrite-data', action='store_true',
+                   help=f'regenerate {DEFAULT_DATA} if it was made with other parameters')
+    p.add_argument('--mixers', nargs='+', default=['dinovim'], choices=sorted(CONFIGS),
+                   help='token mixers to pretrain with the same recipe (default: dinovim)')
+    p.add_argument('--seeds', type=int, default=3, help='random-init seeds of the baseline')
+    p.add_argument('--pretrain-config', help='pretraining config (one mixer only)')
+    p.add_argument('--skip-pretrain', action='store_true',
+                   help="reuse the last checkpoint of an earlier run's pretraining")
+    p.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                   help='overrides of the pretraining config, e.g. train_cfg.max_epochs=2')
+    p.add_argument('--allow-new-keys', action='store_true',
+                   help='let --cfg-options add keys that the config does not define')
+    args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error('--seeds must be >= 1')
+    if args.pretrain_config and len(args.mixers) > 1:
+        p.error('--pretrain-config goes with one mixer')
+    return args
 
 
-class Step:
-    """Runs one command, streaming its output into ``logs/<name>.log`` and a short console line."""
-
-    def __init__(self, work_dir: str):
-        self.log_dir = osp.join(work_dir, 'logs')
-        os.makedirs(self.log_dir, exist_ok=True)
-        self.times = {}
-
-    def run(self, name: str, cmd: list, echo: bool = False) -> None:
-        log_path = osp.join(self.log_dir, f'{name}.log')
-        print(f'[demo] {name}: {" ".join(cmd)}\n[demo]   log: {log_path}', flush=True)
-        start = time.perf_counter()
-        env = dict(os.environ, PYTHONUNBUFFERED='1')
-        with open(log_path, 'w') as log, subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True) as proc:
-            for line in proc.stdout:
-                log.write(line)
-                if echo or 'Epoch(' in line or 'Error' in line or 'error' in line:
-                    print(f'  {line.rstrip()[-160:]}', flush=True)
-        self.times[name] = time.perf_counter() - start
-        if proc.returncode:
-            tail = open(log_path).read()[-3000:]
-            raise SystemExit(f'[demo] step {name!r} failed (exit {proc.returncode}); end of '
-                             f'{log_path}:\n{tail}')
-        print(f'[demo] {name}: done in {self.times[name]:.0f} s', flush=True)
-
-
-def find_pretrain_config(path=None) -> str:
+def find_config(mixer: str, path=None) -> str:
     if path:
         return path
-    found = sorted(glob.glob(osp.join(ROOT, PRETRAIN_GLOB)))
+    found = sorted(glob.glob(osp.join(ROOT, CONFIGS[mixer])))
     if not found:
-        raise SystemExit(f'no demo pretrain config matches {PRETRAIN_GLOB}')
+        raise SystemExit(f'no demo pretraining config matches {CONFIGS[mixer]}')
     return osp.relpath(found[0], ROOT)
+
+
+def prepare(args):
+    """The data folder: generated embedded data, an embedded set elsewhere, or your own."""
+    from mmdinomamba.demo.data import prepare_data
+    if args.data_root is None:
+        return prepare_data(DEFAULT_DATA, generate=True, overwrite=args.overwrite_data)
+    if not osp.isdir(args.data_root):
+        raise SystemExit(f'--data-root {args.data_root} does not exist (to generate the '
+                         'embedded data there: python tools/misc/make_embedded_data.py --root '
+                         f'{args.data_root})')
+    if args.overwrite_data:
+        raise SystemExit('--overwrite-data only applies to the generated embedded data; your '
+                         '--data-root folder is never rewritten')
+    return prepare_data(args.data_root, generate=False)
+
+
+def run_config(base: str, data, run_dir: str, options: dict, allow_new_keys: bool = False
+               ) -> str:
+    """Write the pretraining config of this run: ``base`` with the data folder filled in (and,
+    without masks, no Binary-AUC hook). Returns its path."""
+    from mmdinomamba.utils.cli import load_config
+    cfg = load_config(osp.join(ROOT, base), options or None, allow_new_keys)
+    dataset = cfg.train_dataloader.dataset
+    dataset.update(type=data.dataset_type, data_root=data.root)
+    if data.generated:
+        dataset['generate'] = False
+    hooks = []
+    for hook in cfg.get('custom_hooks', []):
+        if hook['type'] == 'BinaryAUCHook':
+            if not data.has_masks:
+                continue
+            hook = copy.deepcopy(hook)
+            hook['dataloader']['dataset'].update(type=data.dataset_type, data_root=data.root)
+            if data.generated:
+                hook['dataloader']['dataset']['generate'] = False
+        hooks.append(hook)
+    cfg.custom_hooks = hooks
+    os.makedirs(run_dir, exist_ok=True)
+    path = osp.join(run_dir, 'pretrain_config.py')
+    cfg.dump(path)
+    return path
+
+
+class Progress:
+    """Turns mmengine's training log lines into one short console line each."""
+    LINE = re.compile(r'Epoch\(train\)\s*\[(\d+)\]\s*\[\s*(\d+)/(\d+)\]')
+    KEYS = (('eta', 'eta'), ('loss', 'loss'), ('teacher_entropy', 'H/image'),
+            ('teacher_batch_entropy', 'H/batch'), ('prototypes_used', 'prototypes'))
+
+    def __init__(self, name: str, max_epochs: int):
+        self.name, self.max_epochs = name, max_epochs
+
+    @staticmethod
+    def _short(value: str) -> str:
+        try:
+            x = float(value)
+        except ValueError:
+            return value
+        return f'{x:.0f}' if abs(x) >= 10 else f'{x:.2f}'
+
+    def format(self, line: str):
+        m = self.LINE.search(line)
+        if not m:
+            auc = re.search(r'Binary-AUC of the teacher backbone at iter (\d+).*?\'(?:binary_auc/)?'
+                            r'auc\': ([0-9.]+)', line)
+            return f'[demo] {self.name} Binary-AUC at iteration {auc[1]}: {auc[2]}' if auc \
+                else None
+        epoch, i, n = (int(g) for g in m.groups())
+        done, total = (epoch - 1) * n + i, self.max_epochs * n
+        parts = [f'[demo] {self.name} pretrain {done}/{total} ({100 * done / total:.0f}%)']
+        for key, label in self.KEYS:
+            v = re.search(rf'\b{key}: (\S+)', line)
+            if v:
+                parts.append(f'{label} {self._short(v[1])}')
+        return ' | '.join(parts)
+
+
+def run(cmd, log_path: str, progress=None) -> float:
+    """Run ``cmd`` in the repository, its output into ``log_path``; short lines on the
+    console. Returns the wall time."""
+    print(f'[demo] $ {" ".join(cmd)}\n[demo]   full log: {log_path}', flush=True)
+    start = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    with open(log_path, 'w') as log, subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            short = progress.format(line) if progress else None
+            if short:
+                print(short, flush=True)
+            elif 'Error' in line or 'error:' in line:
+                print(f'  {line.rstrip()}', flush=True)
+    if proc.returncode:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f'[demo] failed (exit {proc.returncode}); end of {log_path}:\n{tail}')
+    return time.perf_counter() - start
+
+
+def read_scalars(work_dir: str) -> list:
+    """The scalars mmengine logged in the newest run of ``work_dir``."""
+    files = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
+    if not files:
+        return []
+    with open(files[-1]) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def last_checkpoint(work_dir: str) -> str:
@@ -91,67 +193,52 @@ def last_checkpoint(work_dir: str) -> str:
         return f.read().strip()
 
 
-def read_scalars(work_dir: str) -> list:
-    """The per-iteration scalars mmengine logged in the newest run of ``work_dir``."""
-    files = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
-    if not files:
-        return []
-    with open(files[-1]) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def pretrain_and_evaluate(mixer: str, args, data, run_dir: str, times: dict) -> dict:
+    """One mixer: pretraining, then the evaluations of its teacher and of random init."""
+    from mmengine.config import Config
+
+    from mmdinomamba.demo.evaluate import DemoLoaders, build_backbone, evaluate_backbone
+    base = find_config(mixer, args.pretrain_config)
+    cfg_path = run_config(base, data, run_dir, args.cfg_options, args.allow_new_keys)
+    cfg = Config.fromfile(cfg_path)
+    train_dir = osp.join(run_dir, 'pretrain')
+    if not args.skip_pretrain:
+        times[f'{mixer}: pretrain'] = run(
+            [sys.executable, 'tools/train.py', cfg_path, '--work-dir', train_dir],
+            osp.join(run_dir, 'pretrain.log'), Progress(mixer, cfg.train_cfg.max_epochs))
+    ckpt = last_checkpoint(train_dir)
+    start = time.perf_counter()
+    bb_cfg = cfg.model.backbone.to_dict()
+    loaders = DemoLoaders(data, bb_cfg['img_size'])
+    print(f'[demo] {mixer}: evaluating the teacher and {args.seeds} random-init seeds',
+          flush=True)
+    teacher = evaluate_backbone(build_backbone(bb_cfg, ckpt), loaders, num_examples=4)
+    randoms = [evaluate_backbone(build_backbone(bb_cfg, seed=s), loaders,
+                                 num_examples=4 if s == 0 else 0) for s in range(args.seeds)]
+    times[f'{mixer}: evaluation'] = time.perf_counter() - start
+    return dict(config=base, cfg=cfg, teacher=teacher, random=randoms, loaders=loaders,
+                scalars=read_scalars(train_dir), checkpoint=ckpt, bb_cfg=bb_cfg)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    start = time.perf_counter()
     wd = osp.abspath(args.work_dir)
     os.makedirs(wd, exist_ok=True)
-    py = sys.executable
-    step = Step(wd)
-    start = time.perf_counter()
-    data_opt = [f'train_dataloader.dataset.data_root={args.data_root}']
-
-    step.run('1_data', [py, 'tools/misc/make_embedded_data.py', '--root', args.data_root],
-             echo=True)
-
-    pre_cfg = find_pretrain_config(args.pretrain_config)
-    pre_dir = osp.join(wd, 'pretrain')
-    if not args.skip_pretrain:
-        step.run('2_pretrain', [py, 'tools/train.py', pre_cfg, '--work-dir', pre_dir,
-                                '--cfg-options', *data_opt, *args.cfg_options])
-    ckpt = last_checkpoint(pre_dir)
-    teacher = osp.join(wd, 'teacher_backbone.pth')
-    step.run('3_extract', [py, 'tools/model_converters/extract_backbone.py', ckpt, teacher,
-                           '--part', 'teacher'], echo=True)
-
-    test_opt = [f'test_dataloader.dataset.data_root={args.data_root}']
-    aucs = {}
-    for tag, extra in (('teacher', ['--checkpoint', ckpt]), ('random', [])):
-        out = osp.join(wd, f'binary_auc_{tag}.json')
-        step.run(f'4_binary_auc_{tag}', [py, 'tools/test.py', AUC_CONFIG, *extra, '--work-dir',
-                                         osp.join(wd, f'binary_auc_{tag}'), '--out', out,
-                                         '--cfg-options', *test_opt])
-        with open(out) as f:
-            aucs[tag] = json.load(f)
-    fig_dir = osp.join(wd, 'featmaps')
-    step.run('4_featmap_figure', [py, 'tools/analysis/visualize_featmap.py', AUC_CONFIG, ckpt,
-                                  '--dataset-slice', '0:4', '--layers', '-1', '--head-reduce',
-                                  'mean', '--out-dir', fig_dir, '--cfg-options', *test_opt])
-
-    probes = {}
-    for tag, init in (('teacher', f'model.backbone.init_cfg.checkpoint={teacher}'),
-                      ('random', 'model.backbone.init_cfg=None')):
-        probe_dir = osp.join(wd, f'probe_{tag}')
-        step.run(f'5_probe_{tag}', [py, 'tools/train.py', PROBE_CONFIG, '--work-dir', probe_dir,
-                                    '--cfg-options', init, *data_opt,
-                                    f'val_dataloader.dataset.data_root={args.data_root}'])
-        probes[tag] = read_scalars(probe_dir)
-
-    from mmdinomamba.utils.demo_report import write_report
-    report = write_report(
-        wd, pretrain_config=pre_cfg, scalars=read_scalars(pre_dir), aucs=aucs, probes=probes,
-        figures=sorted(glob.glob(osp.join(fig_dir, '*.png'))), times=step.times,
-        total=time.perf_counter() - start)
+    times = {}
+    data = prepare(args)
+    times['data'] = time.perf_counter() - start
+    print(f'[demo] data: {data.root} ({len(data.classes)} classes, {data.num_images} images, '
+          f'masks: {"yes" if data.has_masks else "no: Binary-AUC is skipped"})', flush=True)
+    from mmdinomamba.demo.outputs import write_outputs
+    runs = {}
+    for mixer in args.mixers:
+        run_dir = wd if len(args.mixers) == 1 else osp.join(wd, mixer)
+        runs[mixer] = pretrain_and_evaluate(mixer, args, data, run_dir, times)
+    report = write_outputs(wd, runs, data, times, start)
     print(report)
-    print(f'[demo] report written to {osp.join(wd, "report.md")}')
+    print(f'[demo] report: {osp.join(wd, "report.md")}; summary: '
+          f'{osp.join(wd, "summary.json")}')
 
 
 if __name__ == '__main__':

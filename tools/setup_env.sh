@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project virtualenv with the measured OpenMMLab "stack B" recipe.
+# Create (or reuse) the project virtualenv with the measured recipe of docs/install.md.
 #
 #   bash tools/setup_env.sh            # environment in ./.venv (CPU; GPU-ready)
 #
 # mamba-ssm is always installed, as a pure-Python package (~5 s): its Triton SSD kernels are the
-# CUDA scan, and the tests run them on CPU under Triton's interpreter. (``--cuda`` is accepted
-# and changes nothing, for older instructions.)
+# CUDA scan, and the tests run them on CPU under Triton's interpreter. TensorBoard (optional,
+# prebuilt wheels, ~7 s) is installed for `tools/train.py --tensorboard`.
 #
 # Environment variables:
 #   VENV            where the virtualenv lives                (default: ./.venv)
 #   MMDM_CACHE      where the compiled mmcv wheel is cached   (default: ~/.cache/mmdinomamba)
 #
-# The mmcv wheel (the only slow step, ~15 min on 2 cores) is cached under MMDM_CACHE keyed by
+# The mmcv wheel (the only slow step, 7.5-16 min on 2 cores) is cached under MMDM_CACHE keyed by
 # the Python, torch and mmcv versions, so a later run re-uses it; without a cache it is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,8 +38,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-# pip warns once per index location that this machine's pip.conf lists but that does not exist;
-# drop only that line so real warnings stay visible.
+# pip warns once per index location that a pip.conf lists but that does not exist; drop only
+# that line so real warnings stay visible.
 pip_run() {
   "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
@@ -59,7 +59,7 @@ pip_run install -q onedl-mmengine==0.10.12 ninja wheel "setuptools<81"
 if ! "$VENV/bin/python" -c 'from mmcv.ops import nms, RoIAlign' 2>/dev/null; then
   wheel_dir="$CACHE/wheels/mmcv-$MMCV-torch$TORCH-$PYV-$(uname -m)"
   if ! ls "$wheel_dir"/*.whl >/dev/null 2>&1; then
-    log "step 3/5: compiling onedl-mmcv==$MMCV (about 15 minutes on 2 cores) -> $wheel_dir"
+    log "step 3/5: compiling onedl-mmcv==$MMCV (7.5-16 minutes on 2 cores) -> $wheel_dir"
     tmp=$(mktemp -d)
     cat > "$tmp/cxx20" <<'WRAP'
 #!/usr/bin/env bash
@@ -84,8 +84,9 @@ else
   log "step 3/5: mmcv with compiled ops already installed"
 fi
 
-log "step 4/5: mmpretrain, mmsegmentation, mmdetection, runtime and test requirements"
-pip_run install -q -r requirements/mminstall.txt -r requirements/runtime.txt -r requirements/tests.txt
+log "step 4/5: mmpretrain, mmsegmentation, mmdetection, runtime, test and optional requirements"
+pip_run install -q -r requirements/mminstall.txt -r requirements/runtime.txt \
+  -r requirements/tests.txt -r requirements/optional.txt
 # transformers 5.x breaks mmpretrain.models; only constrain it if something pulled it in.
 if "$VENV/bin/python" -c 'import transformers' 2>/dev/null; then
   pip_run install -q "transformers<5"

@@ -12,8 +12,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.runner import Runner  # noqa: E402
 
-from mmdinomamba.utils.cli import (DictAction, check_data_roots, check_out_path,  # noqa: E402
-                                   dump_metrics, load_config, setup_cpu_distributed)
+from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
+                                   check_out_path, dump_metrics, load_config,
+                                   setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -27,6 +28,8 @@ def parse_args(argv=None):
                         help='override config keys, e.g. test_dataloader.batch_size=8')
     parser.add_argument('--allow-new-keys', action='store_true',
                         help='let --cfg-options add keys that the config does not define')
+    parser.add_argument('--tensorboard', action='store_true',
+                        help='also log the metrics to TensorBoard; needs `pip install tensorboard`')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
@@ -49,6 +52,8 @@ def main(argv=None):
         if not osp.isfile(args.checkpoint):
             raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
         cfg.load_from = args.checkpoint
+    if args.tensorboard:
+        add_tensorboard(cfg)
     check_data_roots(cfg)
     setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg)

@@ -5,6 +5,7 @@ The config's ``default_scope`` picks the library (mmpretrain / mmseg / mmdet).
 Example:
     python tools/train.py configs/pretrain/dino_dinovim-demo_1xb64-20e_embedded.py
     python tools/train.py CONFIG --work-dir work_dirs/x --resume --amp
+    python tools/train.py CONFIG --tensorboard   # also log to TensorBoard (work_dir/*/vis_data)
 """
 import argparse
 import glob
@@ -19,8 +20,8 @@ from mmengine.logging import print_log  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmdinomamba.utils.cli import (DictAction, check_data_roots, load_config,  # noqa: E402
-                                   setup_cpu_distributed)
+from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
+                                   load_config, setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -33,6 +34,10 @@ def parse_args(argv=None):
     parser.add_argument('--amp', action='store_true', help='enable automatic mixed precision')
     parser.add_argument('--no-validate', action='store_true', help='skip validation during training')
     parser.add_argument('--auto-scale-lr', action='store_true', help='scale lr by batch size')
+    parser.add_argument('--tensorboard', action='store_true',
+                        help='also log to TensorBoard (losses, DINO collapse signals, metrics, '
+                        'Binary-AUC per layer and its map figures); needs `pip install '
+                        'tensorboard`')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config keys, e.g. train_cfg.max_epochs=2')
     parser.add_argument('--allow-new-keys', action='store_true',
@@ -88,6 +93,8 @@ def merge_args(cfg, args):
             cfg[key] = None
     if args.auto_scale_lr:
         cfg.setdefault('auto_scale_lr', {})['enable'] = True
+    if args.tensorboard:
+        add_tensorboard(cfg)
     return cfg
 
 

@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from mmdinomamba.evaluation.binary_auc import BinaryAUC
+from mmdinomamba.evaluation.binary_auc import BinaryAUC, fill_featmap_samples
 from .featmaps import compute_featmaps
 
 __all__ = ['backbone_features', 'evaluate_binary_auc', 'sample_labels']
@@ -92,10 +92,7 @@ def evaluate_binary_auc(backbone: nn.Module, loader, preprocessor: nn.Module,
         for data in loader:
             data = preprocessor(data, False)
             fm = compute_featmaps(backbone, data['inputs'], **(featmap_cfg or {}))
-            for sample, maps in zip(data['data_samples'], fm.maps):
-                sample.set_field(maps.float().cpu(), 'pred_featmap')
-                sample.set_metainfo(dict(featmap_layers=fm.layers, featmap_type=fm.map_type,
-                                         query_index=fm.query_index))
+            fill_featmap_samples(data['data_samples'], fm)
             start = len(metric.results)
             metric.process(data, data['data_samples'])
             count += len(data['data_samples'])

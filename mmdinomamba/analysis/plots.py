@@ -16,8 +16,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-IMAGENET_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_STD = (58.395, 57.12, 57.375)
+from mmdinomamba.datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 
 
 def to_image(inputs: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,

@@ -128,6 +128,7 @@ def _bound_grid(kind: str, matrix: str, view: str, dims: dict, res,
     return torch.where(diag, torch.full_like(off, on), off)
 
 
+@torch.no_grad()
 def analyze_layer(mixer: nn.Module, x: Tensor, hw, patch_index: Tensor, heads: Sequence[int],
                   block_size: int = 256, rel_tol: float = 1e-6, abs_tol: float = 1e-8,
                   meta: Optional[dict] = None) -> Tuple[List[dict], Dict[tuple, Tensor]]:

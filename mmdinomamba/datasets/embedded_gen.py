@@ -1,10 +1,18 @@
-"""Deterministic "shapes on clutter" images: the project's embedded default data.
+"""Deterministic "objects on clutter" images: the project's embedded default data.
 
 Every image is drawn from its own ``numpy`` generator seeded by ``(seed, split, index)``, so the
-data set is identical on every machine and any image can be re-drawn alone. An image holds one
-main object (its class label) and, with probability 0.5, a smaller non-overlapping distractor of
-another class, on a textured background with clutter strokes. Objects vary in shape (the class),
-colour, texture, scale, rotation and position.
+data set is identical on every machine and any image can be re-drawn alone.
+
+Each class is one kind of object with its own look, as real categories have: a shape, a surface
+pattern and a pair of colours (:data:`APPEARANCE`; colours jittered per image). An image holds one
+main object (its class label) placed at a random position, size and rotation on a busy
+background of random coloured rectangles, ellipses and strokes, and with probability
+:data:`DISTRACTOR_PROB` a smaller object of another class. Why this design: self-supervised
+learning (DINO) learns what stays the same between two crops of an image and differs between
+images. On a background of random clutter, two crops share little background but the same
+object, so the object is what DINO can learn (and what its CLS-to-patch maps should single out);
+the clutter also keeps a randomly initialized network from reading the class off the mean colour
+of the image.
 
 Only numpy and Pillow are used; the layout on disk is written by :mod:`.embedded`.
 """
@@ -15,6 +23,20 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 CLASSES = ('circle', 'square', 'triangle', 'star', 'cross', 'diamond')
+#: per class: surface pattern and its two colours (RGB), in the order of :data:`CLASSES`
+APPEARANCE = (
+    ('solid', (220, 40, 40), (250, 220, 60)),  # red
+    ('hstripes', (40, 90, 220), (240, 240, 240)),  # blue / white
+    ('vstripes', (30, 160, 60), (20, 20, 20)),  # green / black
+    ('checker', (240, 130, 20), (90, 40, 140)),  # orange / purple
+    ('speckle', (250, 120, 200), (40, 190, 200)),  # pink / cyan
+    ('dots', (130, 80, 40), (200, 200, 120)),  # brown / khaki
+)
+COLOR_JITTER = 20.  # std of the per-image change of each colour channel
+MAIN_COUNT = (1, 1)  # objects of the image's class: uniform in this range (inclusive)
+MAIN_RADIUS = (0.25, 0.4)  # radius of the main object, as a fraction of the image side
+DISTRACTOR_PROB = 0.3
+DISTRACTOR_RADIUS = (0.1, 0.15)
 
 
 @dataclass
@@ -60,40 +82,67 @@ def _unit_polygon(label: int, num_points: int = 32) -> np.ndarray:
     raise KeyError(f'unknown shape class {label}')
 
 
-def _texture(rng: np.random.Generator, size: int, c1: np.ndarray, c2: np.ndarray) -> np.ndarray:
-    """A (size, size, 3) float texture: solid, stripes, checker or speckle in two colours."""
-    kind = rng.integers(4)
+def _pattern(rng: np.random.Generator, size: int, kind: str, c1: np.ndarray,
+             c2: np.ndarray) -> np.ndarray:
+    """A (size, size, 3) float surface of ``kind`` in colours ``c1`` / ``c2`` (random phase)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
-    if kind == 0:
-        w = np.zeros((size, size), np.float32)
-    elif kind == 1:
-        theta = rng.uniform(0, np.pi)
-        period = rng.uniform(3, 8)
-        w = (np.sin((xx * np.cos(theta) + yy * np.sin(theta)) * 2 * np.pi / period) > 0)
-    elif kind == 2:
-        cell = int(rng.integers(3, 8))
-        w = ((xx // cell + yy // cell) % 2).astype(bool)
+    phase = rng.uniform(0, 10)
+    if kind == 'solid':
+        w = np.zeros((size, size), bool)
+    elif kind == 'hstripes':
+        w = np.sin((yy + phase) * 2 * np.pi / rng.uniform(5, 7)) > 0
+    elif kind == 'vstripes':
+        w = np.sin((xx + phase) * 2 * np.pi / rng.uniform(5, 7)) > 0
+    elif kind == 'checker':
+        cell = rng.uniform(3, 4.5)
+        w = (np.floor((xx + phase) / cell) + np.floor((yy + phase) / cell)) % 2 > 0
+    elif kind == 'speckle':
+        w = rng.random((size, size)) < 0.4
+    elif kind == 'dots':
+        per = rng.uniform(6, 8)
+        w = np.hypot((xx + phase) % per - per / 2, (yy + phase) % per - per / 2) < per * 0.25
     else:
-        w = rng.random((size, size)) < 0.3
+        raise KeyError(f'unknown pattern {kind!r}')
     w = w.astype(np.float32)[..., None]
     return c1 * (1 - w) + c2 * w
 
 
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Smooth two-colour noise plus thin clutter strokes, (size, size, 3) float in [0, 255]."""
-    grid = rng.random((4, 4)).astype(np.float32)
-    low = np.asarray(Image.fromarray((grid * 255).astype(np.uint8)).resize((size, size),
-                                                                          Image.BICUBIC))
-    low = (low.astype(np.float32) / 255.0)[..., None]
-    c1, c2 = rng.uniform(40, 215, 3), rng.uniform(40, 215, 3)
-    bg = c1 * (1 - low) + c2 * low + rng.normal(0, 6, (size, size, 3))
-    canvas = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
+    """Clutter: random coloured rectangles, ellipses and strokes over a noisy plain colour,
+    (size, size, 3) float in [0, 255]."""
+    base = rng.uniform(30, 225, 3) + rng.normal(0, 10, (size, size, 3))
+    canvas = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(canvas)
-    for _ in range(int(rng.integers(3, 9))):
+    for _ in range(int(rng.integers(12, 20))):
+        x0, y0 = rng.uniform(-0.12 * size, size, 2)
+        w, h = rng.uniform(0.06 * size, 0.35 * size, 2)
+        color = tuple(int(c) for c in rng.uniform(0, 255, 3))
+        shape = draw.rectangle if rng.random() < 0.5 else draw.ellipse
+        shape([x0, y0, x0 + w, y0 + h], fill=color)
+    for _ in range(int(rng.integers(6, 14))):
         pts = [tuple(p) for p in rng.uniform(0, size, (2, 2))]
         color = tuple(int(c) for c in rng.uniform(0, 255, 3))
-        draw.line(pts, fill=color, width=int(rng.integers(1, 3)))
+        draw.line(pts, fill=color, width=int(rng.integers(1, 4)))
     return np.asarray(canvas).astype(np.float32)
+
+
+def _dead_leaves(rng: np.random.Generator, size: int, num=(40, 70), radius=(0.04, 0.2)
+                 ) -> np.ndarray:
+    """A dead-leaves background: overlapping discs and squares of random colours covering
+    the image, (size, size, 3) float in [0, 255]."""
+    canvas = Image.fromarray(rng.integers(0, 256, (1, 1, 3), dtype=np.uint8).repeat(
+        size, 0).repeat(size, 1))
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(int(rng.integers(*num))):
+        cx, cy = rng.uniform(0, size, 2)
+        r = rng.uniform(*radius) * size
+        color = tuple(int(c) for c in rng.uniform(0, 255, 3))
+        shape = draw.rectangle if rng.random() < 0.5 else draw.ellipse
+        shape([cx - r, cy - r, cx + r, cy + r], fill=color)
+    return np.asarray(canvas).astype(np.float32) + rng.normal(0, 6, (size, size, 3))
+
+
+BACKGROUND = 'clutter'
 
 
 def _place(rng, size, radius, taken, tries=50):
@@ -118,17 +167,26 @@ def _draw_object(rng, size, label, cx, cy, radius) -> ShapeInstance:
                          (float(x0), float(y0), float(x1 - x0), float(y1 - y0)), mask)
 
 
+def _surface(rng, size, label) -> np.ndarray:
+    """The class's pattern in its colours, each colour jittered for this image."""
+    kind, c1, c2 = APPEARANCE[label]
+    c1, c2 = (np.clip(np.asarray(c, np.float32) + rng.normal(0, COLOR_JITTER, 3), 0, 255)
+              for c in (c1, c2))
+    return _pattern(rng, size, kind, c1, c2)
+
+
 def draw_sample(seed: int, split_id: int, index: int, img_size: int) -> ShapeSample:
     """Draw image ``index`` of split ``split_id`` (0 train, 1 val); pure function of its args."""
     rng = np.random.default_rng([seed, split_id, index])
     size = img_size
-    image = _background(rng, size)
+    image = _background(rng, size) if BACKGROUND == 'clutter' else _dead_leaves(rng, size)
     main = int(rng.integers(len(CLASSES)))
-    labels = [main]
-    radii = [rng.uniform(0.22, 0.36) * size]
-    if rng.random() < 0.5:
+    count = int(rng.integers(MAIN_COUNT[0], MAIN_COUNT[1] + 1))
+    labels = [main] * count
+    radii = sorted((rng.uniform(*MAIN_RADIUS) * size for _ in range(count)), reverse=True)
+    if rng.random() < DISTRACTOR_PROB:
         labels.append(int((main + rng.integers(1, len(CLASSES))) % len(CLASSES)))
-        radii.append(rng.uniform(0.1, 0.16) * size)
+        radii.append(rng.uniform(*DISTRACTOR_RADIUS) * size)
     taken, instances = [], []
     for label, radius in zip(labels, radii):
         centre = _place(rng, size, radius, taken)
@@ -136,8 +194,7 @@ def draw_sample(seed: int, split_id: int, index: int, img_size: int) -> ShapeSam
             continue
         taken.append((*centre, radius))
         inst = _draw_object(rng, size, label, *centre, radius)
-        c1, c2 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-        image[inst.mask] = _texture(rng, size, c1, c2)[inst.mask]
+        image[inst.mask] = _surface(rng, size, label)[inst.mask]
         instances.append(inst)
     semantic = np.zeros((size, size), np.uint8)
     for inst in instances:

@@ -10,13 +10,16 @@ Imported only by seg/det configs (``custom_imports=dict(imports=['mmdinomamba',
 - mmseg and mmdet ``TRANSFORMS``: ``LoadImageFromFile`` whose errors name the file
   (:class:`mmdinomamba.datasets.transforms.LoadImageFromFile`).
 """
-from mmdet.registry import TRANSFORMS as _DET_TRANSFORMS
-from mmseg.registry import TRANSFORMS as _SEG_TRANSFORMS
+from mmdinomamba.utils.quiet import without_onedl_notice
 
-from mmdinomamba.datasets.transforms import LoadImageFromFile as _LoadImageFromFile
-from .datasets import EmbeddedShapesCoco, EmbeddedShapesSeg
-from .layer_decay import PlainLayerDecayOptimWrapperConstructor, plain_layer_depths
-from .simple_fpn import LayerNorm2d, SimpleFPN
+with without_onedl_notice():
+    from mmdet.registry import TRANSFORMS as _DET_TRANSFORMS
+    from mmseg.registry import TRANSFORMS as _SEG_TRANSFORMS
+
+    from mmdinomamba.datasets.transforms import LoadImageFromFile as _LoadImageFromFile
+    from .datasets import EmbeddedShapesCoco, EmbeddedShapesSeg
+    from .layer_decay import PlainLayerDecayOptimWrapperConstructor, plain_layer_depths
+    from .simple_fpn import LayerNorm2d, SimpleFPN
 
 for _registry in (_SEG_TRANSFORMS, _DET_TRANSFORMS):
     _registry.register_module(name='LoadImageFromFile', module=_LoadImageFromFile, force=True)

@@ -12,9 +12,12 @@
   norm. The logged ``grad_norm`` is then the largest per-parameter norm before clipping.
 """
 import torch
-from mmengine.model import is_model_wrapper
+from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, DefaultOptimWrapperConstructor, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
+from mmpretrain.utils import get_ori_model
+
+from ..utils.quiet import without_log_messages
 from torch import nn
 
 __all__ = ['DINOOptimWrapperConstructor', 'DINOOptimWrapper', 'DINOAmpOptimWrapper']
@@ -38,13 +41,19 @@ class DINOOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     student_modules = ('backbone', 'neck', 'head')
 
     def __call__(self, model: nn.Module):
-        if is_model_wrapper(model):
-            model = model.module
+        model = get_ori_model(model)
         view = _StudentView(model, self.student_modules)
         if not any(True for _ in view.parameters()):
             raise ValueError(f'DINOOptimWrapperConstructor: {type(model).__name__} has none of '
                              f'the submodules {self.student_modules}')
-        return super().__call__(view)
+        frozen = [name for name, p in view.named_parameters() if not p.requires_grad]
+        # mmengine warns once per frozen parameter; they are listed once below instead
+        with without_log_messages('is skipped since its requires_grad=False'):
+            wrapper = super().__call__(view)
+        if frozen:  # DINO's head: the last layer's weight norm is fixed (norm_last_layer)
+            print_log(f'DINOOptimWrapperConstructor: frozen, not optimized: {frozen}',
+                      logger='current')
+        return wrapper
 
 
 class _PerParamClip:

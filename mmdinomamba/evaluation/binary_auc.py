@@ -1,8 +1,9 @@
 """The Binary-AUC metric (paper Sec. 4.1) as an mmengine ``BaseMetric``.
 
 Each data sample must carry ``pred_featmap`` (num_layers, heads, R, h, w): maps min-max normalized
-to [0, 1] per map (the :class:`FeatMapEvaluator` model writes them), optional metainfo
-``featmap_layers`` (layer index of each row), and ``gt_seg_map`` (H, W): 1 foreground,
+to [0, 1] per map, optional metainfo ``featmap_layers`` (layer index of each row), both written by
+:func:`fill_featmap_samples` (for the ``FeatMapEvaluator`` model and ``BinaryAUCHook``), and
+``gt_seg_map`` (H, W): 1 foreground,
 0 background, 255 ignored (:class:`LoadFgMask`). The mask is resized to the map grid with
 :func:`~mmdinomamba.evaluation.auc.resize_mask` (``'area'``: a patch is foreground when at least
 half of its valid pixels are). Reported values are in percent, averaged over images; images whose
@@ -18,6 +19,32 @@ from mmengine.logging import MMLogger
 from mmpretrain.registry import METRICS
 
 from .auc import exact_auc, normalize_auc, resize_mask, sweep_auc
+
+
+def fill_featmap_samples(data_samples: Sequence, featmaps) -> Sequence:
+    """Write a batch of feature maps into its data samples: the fields :class:`BinaryAUC` reads.
+
+    Every sample gets ``pred_featmap`` (num_layers, heads, R, h, w) (float32, CPU) and the
+    metainfo ``featmap_layers`` (layer of each row), ``featmap_type`` ('mixing' / 'cosine') and
+    ``query_index`` (token position of each of the R queries).
+
+    Args:
+        data_samples (Sequence[DataSample]): one per image of the batch.
+        featmaps: the batch's :class:`~mmdinomamba.analysis.featmaps.FeatMaps` (``maps``
+            (B, num_layers, heads, R, h, w), ``layers``, ``map_type``, ``query_index``).
+
+    Returns:
+        Sequence[DataSample]: ``data_samples``, filled in place.
+    """
+    if len(data_samples) != len(featmaps.maps):
+        raise ValueError(f'fill_featmap_samples: {len(data_samples)} data samples for '
+                         f'{len(featmaps.maps)} maps')
+    meta = dict(featmap_layers=featmaps.layers, featmap_type=featmaps.map_type,
+                query_index=featmaps.query_index)
+    for sample, maps in zip(data_samples, featmaps.maps):
+        sample.set_field(maps.detach().float().cpu(), 'pred_featmap')
+        sample.set_metainfo(meta)
+    return data_samples
 
 
 def _get(sample, key):

@@ -238,3 +238,32 @@ def setup_cpu_distributed(cfg: Config) -> None:
         if kwargs.get('timeout') is not None:
             kwargs['timeout'] = timedelta(seconds=kwargs['timeout'])
         torch.distributed.init_process_group(backend='gloo', **kwargs)
+
+
+TENSORBOARD_BACKEND = dict(type='TensorboardVisBackend')
+
+
+def add_tensorboard(cfg: Config) -> None:
+    """``--tensorboard``: add mmengine's ``TensorboardVisBackend`` to the config's visualizer.
+
+    Everything the runner's visualizer receives then also goes to TensorBoard event files in
+    ``<work_dir>/<timestamp>/vis_data/``: the logged losses and scalars (DINO's
+    ``teacher_entropy``, ``teacher_batch_entropy``, ``prototypes_used``, the learning rate, ...),
+    the metrics, and what hooks add (``BinaryAUCHook``: Binary-AUC per layer and the map figures
+    as images). View them with ``tensorboard --logdir <work_dir>``.
+
+    Raises:
+        ImportError: the ``tensorboard`` package is not installed (the message says how to
+            install it).
+    """
+    import importlib.util
+    if importlib.util.find_spec('tensorboard') is None:
+        raise ImportError('--tensorboard needs the tensorboard package, which is not installed: '
+                          'pip install tensorboard (or pip install -e ".[tensorboard]"; '
+                          'tools/setup_env.sh installs it)')
+    if cfg.get('visualizer') is None:
+        cfg.visualizer = dict(type='Visualizer', vis_backends=[dict(type='LocalVisBackend')])
+    backends = list(cfg.visualizer.get('vis_backends') or [])
+    if not any(b.get('type') == TENSORBOARD_BACKEND['type'] for b in backends):
+        backends.append(dict(TENSORBOARD_BACKEND))
+    cfg.visualizer.vis_backends = backends

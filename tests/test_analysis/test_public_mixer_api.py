@@ -20,7 +20,7 @@ MIXERS = (SoftmaxAttention, LinearAttention, BiSSD, MambaLikeLinearAttention)
 ANALYSIS = sorted(glob.glob(osp.join(REPO, 'mmdinomamba/analysis/*.py')) + [
     osp.join(REPO, p) for p in ('tools/analysis/rank_analysis.py',
                                 'tools/analysis/visualize_featmap.py',
-                                'mmdinomamba/models/classifiers/featmap_evaluator.py')])
+                                'mmdinomamba/analysis/featmap_evaluator.py')])
 SSD = dict(d_state=8, headdim=16)
 TINY = {
     'ViT': dict(type='ViT', arch=dict(embed_dims=32, num_layers=2, num_heads=2), img_size=32),

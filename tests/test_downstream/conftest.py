@@ -1,4 +1,4 @@
-"""Fixtures for the downstream tests: the demo seg/det configs pointed at the session's small
+"""Fixtures for the downstream tests: the demo seg/det configs pointed at the small test
 embedded data set (``embedded_root``: 64 px, 48 train / 16 val images)."""
 import os.path as osp
 
@@ -18,7 +18,7 @@ TINY_VIM = dict(arch=dict(embed_dims=32, num_layers=2), mixer_cfg=dict(d_state=8
 
 @pytest.fixture(scope='session')
 def embedded_kwargs(embedded_root):
-    """Dataset keywords that select the session's data set without regenerating it."""
+    """Dataset keywords that select the test data set without regenerating it."""
     return dict(data_root=str(embedded_root), num_train=48, num_val=16, img_size=64, seed=0)
 
 
@@ -31,7 +31,7 @@ def _point_at(cfg: Config, kwargs: dict) -> Config:
 
 @pytest.fixture
 def seg_cfg(embedded_kwargs):
-    """The seg demo config with a 32-wide, 2-block DinoVim on the session data."""
+    """The seg demo config with a 32-wide, 2-block DinoVim on the test data."""
     cfg = _point_at(Config.fromfile(SEG_DEMO), embedded_kwargs)
     cfg.model.backbone.update(TINY_VIM, out_indices=(0, 1, 0, 1))
     cfg.model.neck.update(in_channels=[32] * 4, out_channels=32)
@@ -42,7 +42,7 @@ def seg_cfg(embedded_kwargs):
 
 @pytest.fixture
 def det_cfg(embedded_kwargs):
-    """The det demo config with a 32-wide, 2-block DinoVim on the session data."""
+    """The det demo config with a 32-wide, 2-block DinoVim on the test data."""
     cfg = _point_at(Config.fromfile(DET_DEMO), embedded_kwargs)
     cfg.model.backbone.update(TINY_VIM)
     cfg.model.neck.in_channels = 32

@@ -89,7 +89,7 @@ def test_seg_rejects_reduce_zero_label(embedded_kwargs):
 
 @pytest.mark.parametrize('cls', [EmbeddedShapesSeg, EmbeddedShapesCoco])
 def test_existing_sizes_are_read_not_defaulted(cls, embedded_root):
-    """The session set (48 / 16 images) is used as it is when no sizes are given, and a
+    """The test data set (48 / 16 images) is used as it is when no sizes are given, and a
     requested size that differs is an error naming both values (the set is not replaced)."""
     from mmdinomamba.datasets.embedded import EmbeddedDataMismatchError, _read_meta
     meta = (embedded_root / 'meta.json').stat().st_mtime_ns

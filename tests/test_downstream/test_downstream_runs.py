@@ -1,5 +1,5 @@
 """End to end through tools/train.py and tools/test.py: the demo seg / det configs (tiny
-backbone, session data) train 2 iterations, then mmseg's IoUMetric and mmdet's CocoMetric
+backbone, the small test data set) train 2 iterations, then mmseg's IoUMetric and mmdet's CocoMetric
 report numbers."""
 import math
 import os.path as osp

@@ -134,3 +134,34 @@ def test_backbone_init_cfg_is_applied(tmp_path):
     model = MODELS.build(dict(type='FeatMapEvaluator', backbone=backbone))
     for k, v in model.backbone.state_dict().items():
         assert torch.equal(v, teacher[k]), k
+
+
+def test_evaluator_and_hook_evaluation_fill_the_same_fields(embedded_root):
+    """``tools/test.py`` (FeatMapEvaluator) and ``BinaryAUCHook`` (``evaluate_binary_auc``) give
+    BinaryAUC samples with the same maps and metainfo, and the same metric."""
+    from mmengine.evaluator import Evaluator
+    from mmpretrain.registry import DATASETS
+    from torch.utils.data import DataLoader
+
+    from mmdinomamba.analysis import evaluate_binary_auc
+    model = _evaluator(layers=[0, 1]).eval()
+    pipeline = [dict(type='LoadImageFromFile'), dict(type='LoadFgMask'),
+                dict(type='Resize', scale=(32, 32)),
+                dict(type='PackInputs', algorithm_keys=['gt_seg_map'])]
+    dataset = DATASETS.build(dict(type='EmbeddedShapes', data_root=str(embedded_root),
+                                  split='val', with_mask=True, pipeline=pipeline))
+    loader = DataLoader(dataset, batch_size=8, collate_fn=lambda batch: dict(
+        inputs=[b['inputs'] for b in batch], data_samples=[b['data_samples'] for b in batch]))
+    hook_metrics, examples = evaluate_binary_auc(model.backbone, loader, model.data_preprocessor,
+                                                 dict(layers=[0, 1]), num_examples=1)
+    from mmdinomamba.evaluation import BinaryAUC
+    evaluator = Evaluator(BinaryAUC())
+    for data in loader:
+        samples = model.test_step(data)
+        evaluator.process(samples, data)
+    assert evaluator.evaluate(len(dataset)) == pytest.approx(hook_metrics)
+    hook_sample = next(iter(loader))
+    data = model.data_preprocessor(hook_sample, False)
+    filled = model(data['inputs'], data['data_samples'])[0]
+    assert set(filled.metainfo) >= {'featmap_layers', 'featmap_type', 'query_index'}
+    torch.testing.assert_close(filled.pred_featmap, examples[0][1].float())

@@ -1,4 +1,4 @@
-"""tools/analysis/bench_official.py: what it needs is named before any GPU work."""
+"""tools/gpu/bench_official.py: what it needs is named before any GPU work."""
 import importlib.util
 
 import pytest
@@ -6,7 +6,7 @@ from repo_files import load_file
 
 
 def _tool():
-    return load_file('tools/analysis/bench_official.py')
+    return load_file('tools/gpu/bench_official.py')
 
 
 def test_missing_snapshot_is_named(tmp_path):

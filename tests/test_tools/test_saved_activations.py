@@ -1,4 +1,4 @@
-"""tools/analysis/saved_activations.py: the saved-bytes accounting and the per-layer isolation."""
+"""tools/gpu/saved_activations.py: the saved-bytes accounting and the per-layer isolation."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from repo_files import load_file
 
 
 def _tool():
-    return load_file('tools/analysis/saved_activations.py')
+    return load_file('tools/gpu/saved_activations.py')
 
 
 def test_saved_bytes_counts_each_storage_once():

@@ -34,23 +34,21 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS  # noqa: E402
+
 ARCHS = {
-    'vit-s': dict(type='ViT', arch='s'),
-    'vit-b': dict(type='ViT', arch='b'),
-    'linearvit-b': dict(type='LinearViT', arch='b'),
-    'dinovim-t': dict(type='DinoVim', arch='t'),
-    'dinovim-s': dict(type='DinoVim', arch='s'),
-    'dinovim-b': dict(type='DinoVim', arch='b'),
-    'mambareg-b': dict(type='MambaReg', arch='b'),
-    'mila-t': dict(type='MILA', arch='t'),
-    'mila-s': dict(type='MILA', arch='s'),
-    'mila-b': dict(type='MILA', arch='b'),
+    **BACKBONE_PRESETS,
     # the CPU demo's DinoVim (64 wide, 4 layers, patch 8) and a ViT of equal width and depth
     'vit-demo': dict(type='ViT', arch=dict(embed_dims=64, num_layers=4, num_heads=4),
                      img_size=64, patch_size=8),
     'dinovim-demo': dict(type='DinoVim', arch=dict(embed_dims=64, num_layers=4),
                          mixer_cfg=dict(d_state=16, headdim=16), img_size=64, patch_size=8),
 }
+#: the models measured when --archs is not given
+DEFAULT_ARCHS = ('vit-s', 'vit-b', 'linearvit-b', 'dinovim-t', 'dinovim-s', 'dinovim-b',
+                 'mambareg-b', 'mila-t', 'mila-s', 'mila-b')
 # fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step;
 # dino: DINO's step (see the module docstring).
 MODES = ('fwd', 'fwd+bwd', 'train', 'dino')
@@ -249,20 +247,10 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
     for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp', 'keep_freed_memory']:
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode:
         raise RuntimeError(f'{name} {res} {mode} failed:\n{done.stderr[-2000:]}')
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _child_env() -> dict:
-    """The environment of a measuring subprocess: it imports the same ``mmdinomamba`` as this
-    process (e.g. a checkout that is not the installed one)."""
-    import mmdinomamba
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mmdinomamba.__file__)))
-    env = os.environ.copy()
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
-    return env
 
 
 def run(args) -> list[dict]:
@@ -302,7 +290,7 @@ def format_table(rows: list[dict]) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--archs', nargs='+', default=list(ARCHS), choices=list(ARCHS))
+    parser.add_argument('--archs', nargs='+', default=list(DEFAULT_ARCHS), choices=list(ARCHS))
     parser.add_argument('--res', nargs='+', type=int, default=[224, 512, 1024])
     parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
     parser.add_argument('--batch', type=int, nargs='+', default=[8],

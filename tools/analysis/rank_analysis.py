@@ -32,11 +32,7 @@ from mmdinomamba.analysis.rank_model import analyze_layer, capture_mixer_inputs 
 from mmdinomamba.analysis.rank_report import (aggregate, format_table, hierarchy_lines,  # noqa
                                               plot_rank_per_layer, plot_spectra, write_csv)
 
-PRESETS = {f'{name}-{a}': dict(type=typ, arch=a)
-           for name, typ, archs in (('vit', 'ViT', 'sb'), ('linearvit', 'LinearViT', 'sb'),
-                                    ('dinovim', 'DinoVim', 'tsb'), ('mambareg', 'MambaReg', 'tsb'))
-           for a in archs}
-MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS as PRESETS  # noqa: E402
 IMG_EXT = ('.png', '.jpg', '.jpeg', '.bmp')
 
 
@@ -46,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument('models', nargs='+', help=f'presets ({", ".join(PRESETS)}) or config files')
     p.add_argument('--checkpoint', nargs='*', default=[], help='one per model (config order)')
     p.add_argument('--ckpt-prefix', default='auto', help="state-dict prefix of the backbone "
-                   "('auto': teacher.backbone., backbone. or none, first that matches)")
+                   "('auto': the teacher's, the student's or none, first that matches)")
     p.add_argument('--random-init', action='store_true', help='allow configs without '
                    '--checkpoint (random init; presets are always allowed)')
     src = p.add_mutually_exclusive_group()
@@ -77,10 +73,10 @@ def parse_args(argv=None):
 
 def load_weights(backbone, path: str, prefix: str) -> None:
     """Load ``path`` into ``backbone`` strictly (errors name the file, prefix and keys)."""
-    from mmdinomamba.models.utils import load_backbone_checkpoint
+    from mmdinomamba.models.utils import BACKBONE_PREFIXES, load_backbone_checkpoint
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
-    prefixes = ('teacher.backbone.', 'backbone.') if prefix == 'auto' else (prefix, )
+    prefixes = BACKBONE_PREFIXES if prefix == 'auto' else (prefix, )
     load_backbone_checkpoint(backbone, path, prefixes)
 
 
@@ -130,7 +126,9 @@ def load_images(args) -> list:
         raw = [torch.from_numpy(np.asarray(
             Image.open(f).convert('RGB').resize((size, size), Image.BILINEAR), dtype=np.float32)
         ).permute(2, 0, 1) for f in files]
-    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+    from mmdinomamba.datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
     return [(x - mean) / std for x in raw]
 
 

@@ -14,28 +14,16 @@ Example::
     python tools/model_converters/dino_vit2mmdm.py dino_vitbase16_pretrain.pth vit-b16_dino.pth
     python tools/model_converters/dino_vit2mmdm.py full_ckpt.pth out.pth --key teacher --arch s
 """
-import argparse
 import os.path as osp
 import re
 import sys
 from collections import OrderedDict
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VIT_ARCH_BY_WIDTH = {384: 's', 768: 'b'}
-
-
-def _backbone_only(state_dict: dict) -> tuple[OrderedDict, list[str]]:
-    """Strip ``module.``; keep only ``backbone.*`` when present. Returns (kept, dropped)."""
-    sd = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                     for k, v in state_dict.items())
-    if not any(k.startswith('backbone.') for k in sd):
-        return sd, []
-    dropped = [k for k in sd if not k.startswith('backbone.')]
-    return OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
-                       if k.startswith('backbone.')), dropped
+#: keys every DINO ViT checkpoint has
+VIT_KEYS = ('cls_token', 'pos_embed', 'patch_embed.proj.weight')
 
 
 def convert_dino_vit(state_dict: dict) -> tuple[OrderedDict, list[str]]:
@@ -49,7 +37,8 @@ def convert_dino_vit(state_dict: dict) -> tuple[OrderedDict, list[str]]:
     Returns:
         tuple: (converted state dict, list of dropped source keys).
     """
-    sd, dropped = _backbone_only(state_dict)
+    from mmdinomamba.models.utils import backbone_only
+    sd, dropped = backbone_only(state_dict)
     out = OrderedDict()
     for k, v in sd.items():
         block = re.match(r'blocks\.(\d+)\.(.+)$', k)
@@ -78,8 +67,7 @@ def reject_other_model(state_dict: dict, source: str) -> None:
 def infer_vit_cfg(state_dict: dict, arch: str | None = None, source: str = '<weights>') -> dict:
     """Our ``ViT`` config from converted weights (width -> arch, patch size, image size)."""
     from mmdinomamba.models.utils import require_keys
-    require_keys(state_dict, ('cls_token', 'pos_embed', 'patch_embed.proj.weight'), source,
-                 'DINO ViT')
+    require_keys(state_dict, VIT_KEYS, source, 'DINO ViT')
     width = state_dict['cls_token'].shape[-1]
     if arch is None:
         if width not in VIT_ARCH_BY_WIDTH:
@@ -91,48 +79,27 @@ def infer_vit_cfg(state_dict: dict, arch: str | None = None, source: str = '<wei
     return dict(type='ViT', arch=arch, patch_size=patch, img_size=side * patch)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('src', help='official DINO ViT checkpoint')
-    parser.add_argument('dst', help='output file (never the input file)')
-    parser.add_argument('--arch', help="'s' or 'b' (default: inferred from the width)")
-    parser.add_argument('--key', default=None,
-                        help="checkpoint entry holding the weights (default: 'teacher' when "
-                        'present, else the state_dict / model entry or the plain state dict)')
-    parser.add_argument('--allow-missing', action='store_true',
-                        help='write the file even if keys are missing or mis-shaped')
-    args = parser.parse_args(argv)
+def convert_for_model(state_dict: dict, arch: str | None, source: str) -> tuple:
+    """The converter's step of :func:`~mmdinomamba.models.utils.run_converter`: check that the
+    weights are a DINO ViT, convert them and infer the ``ViT`` config.
 
+    Returns:
+        tuple: (converted state dict, dropped source keys, model config).
+    """
+    from mmdinomamba.models.utils import backbone_only, require_keys
+    reject_other_model(state_dict, source)
+    require_keys(backbone_only(state_dict)[0], VIT_KEYS, source, 'DINO ViT')
+    converted, dropped = convert_dino_vit(state_dict)
+    return converted, dropped, infer_vit_cfg(converted, arch, source)
+
+
+def main(argv=None) -> int:
     from mmdinomamba.models.backbones import ViT
-    from mmdinomamba.models.utils import (build_on_meta, check_output_path, compare_keys,
-                                          converter_weights, format_key_report, require_keys,
-                                          save_atomic)
-    try:
-        if not osp.isfile(args.src):
-            raise ValueError(f'checkpoint not found: {args.src}')
-        check_output_path(args.src, args.dst)
-        # Official checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
-        ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
-        state, key = converter_weights(ckpt, args.key, args.src)
-        reject_other_model(state, args.src)
-        require_keys(_backbone_only(state)[0], ('cls_token', 'pos_embed',
-                                                'patch_embed.proj.weight'), args.src, 'DINO ViT')
-        converted, dropped = convert_dino_vit(state)
-        cfg = infer_vit_cfg(converted, args.arch, args.src)
-    except (KeyError, ValueError) as err:
-        print(f'error: {err.args[0]}', file=sys.stderr)
-        return 1
-    print(f'weights: entry {key!r} of {args.src}' if key else f'weights: {args.src}')
-    model = build_on_meta(lambda: ViT(**{k: v for k, v in cfg.items() if k != 'type'}))
-    report = compare_keys(model, converted)
-    print(format_key_report(report, dropped))
-    if (report['missing'] or report['shape_mismatch']) and not args.allow_missing:
-        print('not written: fix the keys above or pass --allow-missing', file=sys.stderr)
-        return 1
-    meta = dict(source=args.src, converter='dino_vit2mmdm', key=key, model_cfg=cfg)
-    save_atomic(dict(state_dict=converted, meta=meta), args.dst)
-    print(f'wrote {len(converted)} tensors to {args.dst}; model: {cfg}')
-    return 0
+    from mmdinomamba.models.utils import run_converter
+    return run_converter(argv, name='dino_vit2mmdm', description=__doc__.split('\n')[0],
+                         src_help='official DINO ViT checkpoint',
+                         arch_help="'s' or 'b' (default: inferred from the width)",
+                         convert=convert_for_model, models={'ViT': ViT})
 
 
 if __name__ == '__main__':

@@ -19,28 +19,16 @@ Example::
     python tools/model_converters/dinomamba2mmdm.py checkpoint.pth dinovim-b.pth --arch b
     python tools/model_converters/dinomamba2mmdm.py mambar.pth mambareg-b.pth --key student
 """
-import argparse
 import os.path as osp
 import re
 import sys
 from collections import OrderedDict
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VIM_ARCH_BY_WIDTH = {256: 't', 512: 's', 768: 'b'}
-
-
-def _backbone_only(state_dict: dict) -> tuple[OrderedDict, list[str]]:
-    """Strip ``module.``; keep only ``backbone.*`` when present. Returns (kept, dropped)."""
-    sd = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                     for k, v in state_dict.items())
-    if not any(k.startswith('backbone.') for k in sd):
-        return sd, []
-    dropped = [k for k in sd if not k.startswith('backbone.')]
-    return OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
-                       if k.startswith('backbone.')), dropped
+#: keys every Dino-Mamba checkpoint has
+VIM_KEYS = ('patch_embed.proj.weight', 'pos_embed')
 
 
 def _map_layer_key(index: str, rest: str) -> str:
@@ -65,7 +53,8 @@ def convert_dinomamba(state_dict: dict) -> tuple[OrderedDict, list[str], str]:
     Returns:
         tuple: (converted state dict, dropped source keys, 'DinoVim' or 'MambaReg').
     """
-    sd, dropped = _backbone_only(state_dict)
+    from mmdinomamba.models.utils import backbone_only
+    sd, dropped = backbone_only(state_dict)
     kind = 'MambaReg' if 'pos_embed_cls' in sd else 'DinoVim'
     out = OrderedDict()
     for k, v in sd.items():
@@ -98,7 +87,7 @@ def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None,
                   source: str = '<weights>') -> dict:
     """Our model config for converted weights (arch from the width, grid -> img_size)."""
     from mmdinomamba.models.utils import require_keys
-    require_keys(state_dict, ('patch_embed.proj.weight', 'pos_embed'), source, 'Dino-Mamba')
+    require_keys(state_dict, VIM_KEYS, source, 'Dino-Mamba')
     width = state_dict['patch_embed.proj.weight'].shape[0]
     if arch is None:
         if width not in VIM_ARCH_BY_WIDTH:
@@ -113,49 +102,29 @@ def infer_vim_cfg(state_dict: dict, kind: str, arch: str | None = None,
     return cfg
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('src', help='official Dino-Mamba checkpoint')
-    parser.add_argument('dst', help='output file (never the input file)')
-    parser.add_argument('--arch', help="'t', 's' or 'b' (default: inferred from the width)")
-    parser.add_argument('--key', default=None,
-                        help="checkpoint entry with the weights (default: 'teacher' when "
-                        'present, else the state_dict / model entry or the plain state dict)')
-    parser.add_argument('--allow-missing', action='store_true',
-                        help='write the file even if keys are missing or mis-shaped')
-    args = parser.parse_args(argv)
+def convert_for_model(state_dict: dict, arch: str | None, source: str) -> tuple:
+    """The converter's step of :func:`~mmdinomamba.models.utils.run_converter`: check that the
+    weights are a Dino-Mamba model, convert them and infer the ``DinoVim`` / ``MambaReg``
+    config.
 
+    Returns:
+        tuple: (converted state dict, dropped source keys, model config).
+    """
+    from mmdinomamba.models.utils import backbone_only, require_keys
+    reject_other_model(state_dict, source)
+    require_keys(backbone_only(state_dict)[0], VIM_KEYS, source, 'Dino-Mamba')
+    converted, dropped, kind = convert_dinomamba(state_dict)
+    return converted, dropped, infer_vim_cfg(converted, kind, arch, source)
+
+
+def main(argv=None) -> int:
     from mmdinomamba.models.backbones import DinoVim, MambaReg
-    from mmdinomamba.models.utils import (build_on_meta, check_output_path, compare_keys,
-                                          converter_weights, format_key_report, require_keys,
-                                          save_atomic)
-    try:
-        if not osp.isfile(args.src):
-            raise ValueError(f'checkpoint not found: {args.src}')
-        check_output_path(args.src, args.dst)
-        # DINO checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
-        ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
-        state, key = converter_weights(ckpt, args.key, args.src)
-        reject_other_model(state, args.src)
-        require_keys(_backbone_only(state)[0], ('patch_embed.proj.weight', 'pos_embed'), args.src,
-                     'Dino-Mamba')
-        converted, dropped, kind = convert_dinomamba(state)
-        cfg = infer_vim_cfg(converted, kind, args.arch, args.src)
-    except (KeyError, ValueError) as err:
-        print(f'error: {err.args[0]}', file=sys.stderr)
-        return 1
-    print(f'weights: entry {key!r} of {args.src}' if key else f'weights: {args.src}')
-    cls = {'DinoVim': DinoVim, 'MambaReg': MambaReg}[kind]
-    model = build_on_meta(lambda: cls(**{k: v for k, v in cfg.items() if k != 'type'}))
-    report = compare_keys(model, converted)
-    print(format_key_report(report, dropped))
-    if (report['missing'] or report['shape_mismatch']) and not args.allow_missing:
-        print('not written: fix the keys above or pass --allow-missing', file=sys.stderr)
-        return 1
-    meta = dict(source=args.src, converter='dinomamba2mmdm', key=key, model_cfg=cfg)
-    save_atomic(dict(state_dict=converted, meta=meta), args.dst)
-    print(f'wrote {len(converted)} tensors to {args.dst}; model: {cfg}')
-    return 0
+    from mmdinomamba.models.utils import run_converter
+    return run_converter(argv, name='dinomamba2mmdm', description=__doc__.split('\n')[0],
+                         src_help='official Dino-Mamba checkpoint',
+                         arch_help="'t', 's' or 'b' (default: inferred from the width)",
+                         convert=convert_for_model,
+                         models={'DinoVim': DinoVim, 'MambaReg': MambaReg})
 
 
 if __name__ == '__main__':

@@ -18,10 +18,7 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-PREFIXES = {
-    'teacher': ('teacher.backbone.', 'teacher.module.backbone.'),
-    'student': ('backbone.', ),
-}
+from mmdinomamba.models.utils import DINO_BACKBONE_PREFIXES as PREFIXES  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -48,8 +45,8 @@ def extract_backbone(state_dict: dict, part: str = 'teacher', source: str = '<st
     """
     if part not in PREFIXES:
         raise ValueError(f'part={part!r} is not one of {sorted(PREFIXES)}')
-    from mmdinomamba.models.utils import strip_prefix
-    sd = strip_prefix(state_dict, 'module.')
+    from mmdinomamba.models.utils import strip_prefix, strip_wrapper_prefix
+    sd = strip_wrapper_prefix(state_dict)
     for prefix in PREFIXES[part]:
         out = strip_prefix(sd, prefix, keep_only=True)
         if out:
@@ -63,13 +60,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
         sys.exit(f'checkpoint not found: {args.checkpoint}')
-    from mmdinomamba.models.utils import check_output_path, save_atomic
+    from mmdinomamba.models.utils import check_output_path, save_atomic, select_state_dict
     try:
         check_output_path(args.checkpoint, args.out)
     except ValueError as err:
         sys.exit(str(err))
     ckpt = torch.load(args.checkpoint, map_location='cpu', weights_only=False)
-    state_dict = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
+    state_dict = select_state_dict(ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state_dict, dict):
         sys.exit(f'{args.checkpoint}: not a checkpoint dict (got {type(ckpt).__name__})')
     try:

@@ -3,12 +3,18 @@
 Built from mmpretrain / mmcv transforms, so it runs on the BGR ``uint8`` arrays of
 ``LoadImageFromFile``; normalization is left to the data preprocessor.
 """
+import warnings
 from typing import Sequence, Tuple
 
 from mmcv.transforms import BaseTransform, Compose
 from mmpretrain.registry import TRANSFORMS
 
 __all__ = ['DINOMultiCrop']
+
+# mmpretrain's ColorJitter (pillow backend, as torchvision's) calls mmcv.adjust_color, which warns
+# on every process that pillow reads only ``alpha`` (the saturation factor we pass): no news.
+warnings.filterwarnings('ignore', message="Only use 'alpha' for pillow backend",
+                        category=UserWarning)
 
 
 @TRANSFORMS.register_module()

@@ -14,18 +14,20 @@ from typing import Optional, Sequence, Union
 
 from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS, MODELS
+from mmpretrain.utils import get_ori_model
 
 from mmdinomamba.analysis.backbone_eval import evaluate_binary_auc
+from mmdinomamba.datasets.normalization import imagenet_preprocessor
+from mmdinomamba.models.utils import BACKBONE_PREFIXES
 
-BACKBONE_PATHS = ('teacher.backbone', 'teacher.module.backbone', 'backbone')
+#: attribute paths of the backbones, in the order of the checkpoint prefixes (teacher first)
+BACKBONE_PATHS = tuple(prefix.rstrip('.') for prefix in BACKBONE_PREFIXES)
 
 
 def find_backbone(model, paths: Sequence[str] = BACKBONE_PATHS):
     """The first of ``paths`` that exists on the (unwrapped) model: teacher before student."""
-    if is_model_wrapper(model):
-        model = model.module
+    model = get_ori_model(model)
     for path in paths:
         try:
             return attrgetter(path)(model)
@@ -67,8 +69,7 @@ class BinaryAUCHook(Hook):
                                 cosine_heads=cosine_heads, head_reduce=head_reduce)
         self.metric_cfg = dict(num_thresholds=num_thresholds, mask_resize=mask_resize,
                                prefix=prefix)
-        from mmdinomamba.models.classifiers.featmap_evaluator import IMAGENET_PREPROCESSOR
-        self.preprocessor = MODELS.build(data_preprocessor or dict(IMAGENET_PREPROCESSOR))
+        self.preprocessor = MODELS.build(data_preprocessor or imagenet_preprocessor())
         self.num_examples = num_examples
         self.last_metrics = None
 

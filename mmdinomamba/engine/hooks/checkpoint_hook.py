@@ -23,9 +23,14 @@ from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 
 from ...utils.files import fsync_file, scratch_path, stale_scratch_target, write_text_atomic
+from ...utils.quiet import without_log_messages
 from .epoch_seed_hook import EpochSeedHook
 
 __all__ = ['AtomicCheckpointHook']
+
+#: mmengine builds a deprecated FileClient when the hook starts and at every save, even without
+#: ``file_client_args``, and warns about it each time
+FILE_CLIENT_NOTICES = ('"FileClient" will be deprecated', '"HardDiskBackend" is the alias')
 
 
 class _DeferredRemovals:
@@ -72,7 +77,8 @@ class AtomicCheckpointHook(CheckpointHook):
     """
 
     def before_train(self, runner) -> None:
-        super().before_train(runner)
+        with without_log_messages(*self._file_client_notices()):
+            super().before_train(runner)
         if self._local() and is_main_process():
             self._remove_stale_scratch(runner)
         self._check_resume_point(runner)
@@ -96,6 +102,10 @@ class AtomicCheckpointHook(CheckpointHook):
             'skip the batches already trained and resume exactly, or resume from an epoch '
             'checkpoint.')
 
+    def _file_client_notices(self) -> tuple:
+        """The notices to drop: none when the user asked for a FileClient."""
+        return () if self.file_client_args else FILE_CLIENT_NOTICES
+
     def _local(self) -> bool:
         return isinstance(self.file_backend, LocalBackend) and self.file_client_args is None
 
@@ -114,7 +124,8 @@ class AtomicCheckpointHook(CheckpointHook):
         final = osp.join(out_dir, filename)
         tmp = scratch_path(final)
         try:
-            runner.save_checkpoint(out_dir, osp.basename(tmp), *args, **kwargs)
+            with without_log_messages(*self._file_client_notices()):
+                runner.save_checkpoint(out_dir, osp.basename(tmp), *args, **kwargs)
             if is_main_process():  # Runner.save_checkpoint writes on the main process only
                 fsync_file(tmp)
                 os.replace(tmp, final)

@@ -4,8 +4,7 @@ from typing import Optional
 
 from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
-
-from .dino_teacher_hook import unwrap_model
+from mmpretrain.utils import get_ori_model
 
 __all__ = ['DINOCollapseMonitorHook', 'collapse_kind']
 
@@ -101,7 +100,7 @@ class DINOCollapseMonitorHook(Hook):
 
     def before_train(self, runner) -> None:
         if self.out_dim is None:
-            head = getattr(unwrap_model(runner.model), 'head', None)
+            head = getattr(get_ori_model(runner.model), 'head', None)
             if getattr(head, 'out_channels', None) is None:
                 raise TypeError('DINOCollapseMonitorHook: cannot read out_dim from '
                                 'model.head.out_channels; pass out_dim=')

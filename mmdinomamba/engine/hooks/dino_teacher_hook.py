@@ -1,14 +1,11 @@
 """Drive DINO's schedules and teacher EMA from the runner's iteration counter."""
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
+from mmpretrain.utils import get_ori_model
 
-__all__ = ['DINOTeacherHook', 'unwrap_model']
+__all__ = ['DINOTeacherHook']
 
-
-def unwrap_model(model):
-    """The model inside a DDP / FSDP wrapper (the model itself when there is none)."""
-    return model.module if is_model_wrapper(model) else model
+#: the model inside a DDP / FSDP wrapper (mmpretrain's helper; the name the hooks import)
 
 
 @HOOKS.register_module()
@@ -31,7 +28,7 @@ class DINOTeacherHook(Hook):
 
     @staticmethod
     def _dino(runner):
-        model = unwrap_model(runner.model)
+        model = get_ori_model(runner.model)
         for name in ('set_progress', 'update_teacher'):
             if not callable(getattr(model, name, None)):
                 raise TypeError(f'DINOTeacherHook: the model {type(model).__name__} has no '

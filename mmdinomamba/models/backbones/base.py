@@ -5,7 +5,8 @@ from mmpretrain.models.backbones.base_backbone import BaseBackbone
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..utils import PatchEmbed, infer_grid, init_weights_strict, resize_pos_embed
+from ..utils import PatchEmbed, infer_grid, resize_pos_embed
+from .contract import BackboneContract, resolve_layer_indices
 from .layout import TokenLayout
 
 __all__ = ['PlainBackbone', 'resolve_layer_indices']
@@ -15,30 +16,14 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def resolve_layer_indices(indices, num_layers: int, name: str = 'layers') -> list[int]:
-    """0-based layer indices (negative allowed) -> absolute ones, in the order given.
-
-    Raises:
-        IndexError: an index outside ``[-num_layers, num_layers)`` (checked before any modulo,
-            so an out-of-range index never wraps to another layer).
-    """
-    if isinstance(indices, int):
-        indices = [indices]
-    out = []
-    for i in indices:
-        if not -num_layers <= i < num_layers:
-            raise IndexError(f'{name}: layer index {i} is out of range for a backbone with '
-                             f'{num_layers} layers (valid: {-num_layers}..{num_layers - 1})')
-        out.append(i % num_layers)
-    return out
-
-
-class PlainBackbone(BaseBackbone):
+class PlainBackbone(BackboneContract, BaseBackbone):
     """Patch embedding -> position embeddings -> token layout -> pre-norm blocks -> norm.
 
     Subclasses (the presets) set ``arch_zoo``, ``arch_keys`` (required keys of a custom dict
     arch), ``arch_defaults`` (optional keys), ``num_special`` (rows of ``cls_token`` /
     ``pos_embed_cls``) and implement ``_build_block``, ``_build_norm`` and ``token_layout``.
+    Arch parsing, argument checks, freezing and the strict ``Pretrained`` init are shared with
+    every backbone (:class:`~.contract.BackboneContract`).
 
     Parameters: ``patch_embed.proj`` (Conv2d, stride ``patch_size``); ``pos_embed``
     (1, h0*w0, C) the patch grid of ``img_size`` (resized bicubically, DINO style, to the input
@@ -83,13 +68,10 @@ class PlainBackbone(BaseBackbone):
         self.num_layers = self.arch_settings['num_layers']
         self.patch_size, self.img_size = patch_size, _pair(img_size)
         self.pos_grid = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
-        if out_type not in self.OUT_TYPES:
-            raise ValueError(f'out_type={out_type!r} is not one of {self.OUT_TYPES}')
-        self.out_type, self.final_norm = out_type, final_norm
+        self.out_type, self.final_norm = self._check_out_type(out_type), final_norm
         self.out_indices = self._resolve_layers(out_indices, 'out_indices')
-        if not -1 <= frozen_stages <= self.num_layers:
-            raise ValueError(f'frozen_stages={frozen_stages} must be in [-1, {self.num_layers}]')
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.frozen_stages = self._check_frozen_stages(frozen_stages, self.num_layers)
+        self.norm_eval, self.with_cp = norm_eval, with_cp
         self.residual_in_fp32 = residual_in_fp32
         self._layout_cache = {}
 
@@ -106,26 +88,6 @@ class PlainBackbone(BaseBackbone):
         self._freeze_stages()
 
     # ---- construction -------------------------------------------------------------------
-    @classmethod
-    def _parse_arch(cls, arch) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_zoo:
-                raise ValueError(f'{cls.__name__}: arch {arch!r} is not supported; choose one of '
-                                 f'{sorted(cls.arch_zoo)} or pass a dict with keys {cls.arch_keys}')
-            return {**cls.arch_defaults, **cls.arch_zoo[arch.lower()]}
-        if not isinstance(arch, dict):
-            raise TypeError(f'{cls.__name__}: arch must be a str or dict, '
-                            f'got {type(arch).__name__}')
-        for key in cls.arch_keys:
-            if key not in arch:
-                raise ValueError(f'{cls.__name__}: custom arch dict is missing the key {key!r} '
-                                 f'(required: {cls.arch_keys})')
-        unknown = set(arch) - set(cls.arch_keys) - set(cls.arch_defaults)
-        if unknown:
-            raise ValueError(f'{cls.__name__}: unknown arch keys {sorted(unknown)}; allowed: '
-                             f'{list(cls.arch_keys) + sorted(cls.arch_defaults)}')
-        return {**cls.arch_defaults, **arch}
-
     def _build_block(self, index: int, drop_path: float) -> nn.Module:
         raise NotImplementedError
 
@@ -144,13 +106,6 @@ class PlainBackbone(BaseBackbone):
 
     def _resolve_layers(self, indices, name: str) -> list[int]:
         return resolve_layer_indices(indices, self.num_layers, name)
-
-    def init_weights(self) -> None:
-        """mmengine init; a ``Pretrained`` init_cfg is loaded STRICTLY: a checkpoint that does
-        not fit (missing, unexpected or mis-shaped keys; another token layout) is an error naming
-        the file, the prefix and the keys (see :func:`~mmdinomamba.models.utils.
-        init_weights_strict`). A ``pos_embed`` of another grid is resized on load."""
-        init_weights_strict(self, super().init_weights)
 
     # ---- tokens ---------------------------------------------------------------------------
     def token_layout(self, hw: tuple[int, int]) -> TokenLayout:
@@ -258,27 +213,15 @@ class PlainBackbone(BaseBackbone):
         return [self.cls_feature(t, out['layout']) for t in out['tokens']]
 
     # ---- training state -------------------------------------------------------------------
-    def _freeze_stages(self) -> None:
+    def _frozen_parts(self) -> tuple[list, list]:
+        """``frozen_stages = k > 0``: the patch embedding, the first ``k`` layers (and the final
+        norm when ``k == num_layers``) and the position / cls embeddings."""
         if self.frozen_stages <= 0:
-            return
-        frozen = [self.patch_embed, *self.layers[:self.frozen_stages]]
+            return [], []
+        modules = [self.patch_embed, *self.layers[:self.frozen_stages]]
         if self.frozen_stages == self.num_layers:
-            frozen.append(self.norm)
-        for p in (self.pos_embed, self.cls_token, self.pos_embed_cls):
-            p.requires_grad = False
-        for module in frozen:
-            module.eval()
-            for p in module.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
-        return self
+            modules.append(self.norm)
+        return modules, [self.pos_embed, self.cls_token, self.pos_embed_cls]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + 'pos_embed'

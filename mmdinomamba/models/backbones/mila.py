@@ -19,8 +19,8 @@ from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..utils import init_weights_strict, resize_pos_embed
-from .base import resolve_layer_indices
+from ..utils import resize_pos_embed
+from .contract import BackboneContract, resolve_indices, resolve_layer_indices
 from .layout import TokenLayout
 from .mila_layers import ConvStem, LinearMerging, MBConvMerging, MILABlock, PatchStem
 
@@ -31,8 +31,12 @@ MILA_MIXER = dict(type='MambaLikeLinearAttention', block_design='mamba', kernel=
 
 
 @MODELS.register_module()
-class MILA(BaseBackbone):
+class MILA(BackboneContract, BaseBackbone):
     """Hierarchical MILA backbone (see the module docstring).
+
+    On the same contract as the plain backbones (``docs/CONTRACTS.md``): arch parsing, argument
+    checks, freezing and the strict ``Pretrained`` init are shared
+    (:class:`~.contract.BackboneContract`); ``out_indices`` and ``frozen_stages`` count stages.
 
     Args:
         arch (str | dict): 't', 's', 'b' (or 'tiny', 'small', 'base'), or a dict with
@@ -67,7 +71,10 @@ class MILA(BaseBackbone):
         **dict.fromkeys(['b', 'base'], dict(embed_dims=96, depths=[3, 6, 21, 6],
                                             num_heads=[3, 6, 12, 24], drop_path_rate=0.5)),
     }
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    arch_defaults = dict(drop_path_rate=0.)
     OUT_TYPES = ('featmap', 'avg_featmap', 'raw')
+    out_type_note = ' (MILA has no cls token)'
 
     def __init__(self, arch='t', img_size=224, patch_size=4, in_channels=3, out_indices=(3, ),
                  out_type='avg_featmap', drop_path_rate=None, final_norm=True, frozen_stages=-1,
@@ -81,16 +88,12 @@ class MILA(BaseBackbone):
         self.num_layers, self.patch_size = sum(depths), patch_size
         if patch_size != 4:
             raise ValueError(f'MILA: patch_size must be 4 (stride-4 stem), got {patch_size}')
-        if out_type not in self.OUT_TYPES:
-            raise ValueError(f'MILA: out_type={out_type!r} is not one of {self.OUT_TYPES} '
-                             '(MILA has no cls token)')
-        self.out_type, self.with_cp, self.norm_eval = out_type, with_cp, norm_eval
-        self.out_indices = self._resolve_indices(out_indices)
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'MILA: frozen_stages={frozen_stages} not in [-1, {self.num_stages}]')
-        self.frozen_stages = frozen_stages
+        self.out_type = self._check_out_type(out_type)
+        self.with_cp, self.norm_eval = with_cp, norm_eval
+        self.out_indices = resolve_indices(out_indices, self.num_stages, 'out_indices', 'stage')
+        self.frozen_stages = self._check_frozen_stages(frozen_stages, self.num_stages)
         self._build_stem(stem, in_channels, ape, img_size)
-        rate = arch.get('drop_path_rate', 0.) if drop_path_rate is None else drop_path_rate
+        rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         dpr = [rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
         mixer = dict(MILA_MIXER, **(mixer_cfg or {}))
         self.stage_of = [s for s, d in enumerate(depths) for _ in range(d)]
@@ -107,30 +110,11 @@ class MILA(BaseBackbone):
                             else nn.Identity())
         self._freeze_stages()
 
-    def _parse_arch(self, arch) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in self.arch_zoo:
-                raise ValueError(f'MILA: arch {arch!r} is not one of {sorted(self.arch_zoo)}')
-            return self.arch_zoo[arch.lower()]
-        if not isinstance(arch, dict):
-            raise TypeError(f'MILA: arch must be a str or a dict, got {type(arch).__name__}')
-        missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
-        if missing:
-            raise ValueError(f'MILA: custom arch is missing the keys {sorted(missing)}')
+    @classmethod
+    def _check_arch(cls, arch: dict) -> None:
         if len(arch['depths']) != len(arch['num_heads']):
             raise ValueError('MILA: arch depths and num_heads must have the same length, got '
                              f"{arch['depths']} and {arch['num_heads']}")
-        return arch
-
-    def _resolve_indices(self, indices) -> list:
-        indices = [indices] if isinstance(indices, int) else list(indices)
-        out = []
-        for i in indices:
-            if not -self.num_stages <= i < self.num_stages:
-                raise ValueError(f'MILA: out_indices entry {i} out of range for '
-                                 f'{self.num_stages} stages')
-            out.append(i % self.num_stages)
-        return out
 
     def _build_stem(self, stem: str, in_channels: int, ape: bool, img_size) -> None:
         if stem not in ('conv', 'patch'):
@@ -148,15 +132,10 @@ class MILA(BaseBackbone):
     #: seg / det models output every stage): they keep their init (weight 1, bias 0)
     optional_pretrained_keys = (r'^norm\d+\.(weight|bias)$', )
 
-    def init_weights(self):
-        """MILA's init (truncated normal Linear, unit LayerNorm); a ``Pretrained`` init_cfg is
-        then loaded STRICTLY, except :attr:`optional_pretrained_keys` (see
-        :func:`~mmdinomamba.models.utils.init_weights_strict`)."""
-        init_weights_strict(self, self._init_from_scratch)
-
     def _init_from_scratch(self):
+        """MILA's init: truncated normal Linear, unit LayerNorm (after mmengine's init)."""
         already = self._is_init
-        super().init_weights()  # warns and does nothing when called a second time
+        super()._init_from_scratch()  # warns and does nothing when called a second time
         if already:
             return
         for m in self.modules():
@@ -176,27 +155,16 @@ class MILA(BaseBackbone):
             mods.append(self.downsamples[s])
         return mods + ([getattr(self, f'norm{s}')] if s in self.out_indices else [])
 
-    def _freeze_stages(self) -> None:
+    def _frozen_parts(self) -> tuple[list, list]:
+        """``frozen_stages = k >= 0``: the stem, the first ``k`` stages (blocks, downsampling,
+        output norm) and the absolute position embedding."""
         if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed]
+            return [], []
+        modules = [self.patch_embed]
         for s in range(self.frozen_stages):
-            frozen += self._stage_modules(s)
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-        if self.absolute_pos_embed is not None:
-            self.absolute_pos_embed.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
-        return self
+            modules += self._stage_modules(s)
+        params = [] if self.absolute_pos_embed is None else [self.absolute_pos_embed]
+        return modules, params
 
     def _embed(self, x: Tensor):
         x, hw = self.patch_embed(x)

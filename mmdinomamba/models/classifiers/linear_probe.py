@@ -25,20 +25,11 @@ from mmpretrain.registry import MODELS
 from torch import nn
 
 from ..necks.probe_neck import POOLINGS
-from ..utils import load_backbone_checkpoint
+from ..utils import load_backbone_checkpoint, split_pretrained_cfg
 
 __all__ = ['LinearProbe', 'FeatureCache']
 
 SOURCES = ('block', 'mixer')
-
-
-def _pop_pretrained(backbone: dict) -> Optional[dict]:
-    """Remove a ``Pretrained`` init_cfg from the backbone config; return it (None if absent)."""
-    init_cfg = backbone.get('init_cfg')
-    if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
-        backbone['init_cfg'] = None
-        return dict(init_cfg)
-    return None
 
 
 class FeatureCache:
@@ -120,7 +111,7 @@ class LinearProbe(ImageClassifier):
             raise ValueError(f'LinearProbe: feature_source={feature_source!r} is not one of '
                              f'{SOURCES}')
         backbone, head = copy.deepcopy(dict(backbone)), copy.deepcopy(dict(head))
-        pretrained = _pop_pretrained(backbone)
+        pretrained, backbone['init_cfg'] = split_pretrained_cfg(backbone.get('init_cfg'))
         backbone = MODELS.build(backbone)
         for attr in ('forward_layers', 'token_layout', 'num_layers', 'embed_dims'):
             if not hasattr(backbone, attr):

@@ -1,4 +1,4 @@
-"""Checkpoint helpers: picking, strictly loading and checking weights, and converter utilities.
+"""Checkpoint helpers: picking and strictly loading weights (converters: :mod:`.converter`).
 
 Every loader of this package goes through :func:`backbone_state_dict` (pick a backbone's tensors
 out of a checkpoint by prefix) and :func:`load_state_dict_checked` (a strict load whose error
@@ -7,8 +7,6 @@ names the file, the prefix and the keys at fault). A state dict's ``_metadata`` 
 :class:`~mmdinomamba.models.backbones.DinoVim` records) travels with its keys when a prefix is
 removed or added.
 """
-import os
-import os.path as osp
 import re
 from collections import OrderedDict
 from typing import Callable, Iterable, Optional, Sequence
@@ -21,12 +19,22 @@ __all__ = [
     'select_state_dict', 'strip_prefix', 'add_prefix', 'compare_keys', 'format_key_report',
     'build_on_meta', 'CheckpointMismatchError', 'backbone_state_dict', 'load_state_dict_checked',
     'load_backbone_checkpoint', 'init_weights_strict', 'split_pretrained_cfg',
-    'load_checkpoint_strict', 'converter_weights', 'require_keys', 'check_output_path',
-    'save_atomic'
+    'load_checkpoint_strict', 'strip_wrapper_prefix', 'DINO_BACKBONE_PREFIXES',
+    'BACKBONE_PREFIXES'
 ]
 
 #: how many keys of each kind an error message lists
 MAX_KEYS_SHOWN = 10
+
+#: where a DINO checkpoint of this package keeps each network's backbone (``teacher.module.``:
+#: a teacher saved from inside a wrapper)
+DINO_BACKBONE_PREFIXES = {
+    'teacher': ('teacher.backbone.', 'teacher.module.backbone.'),
+    'student': ('backbone.', ),
+}
+#: every prefix a backbone may sit under, in order of preference: the teacher first, as DINO
+#: evaluates the teacher
+BACKBONE_PREFIXES = DINO_BACKBONE_PREFIXES['teacher'] + DINO_BACKBONE_PREFIXES['student']
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -87,6 +95,11 @@ def strip_prefix(state_dict: dict, prefix: str, keep_only: bool = False) -> Orde
         out._metadata.update(_metadata_under(metadata, prefix) if prefix.endswith('.') else
                              metadata)
     return out
+
+
+def strip_wrapper_prefix(state_dict: dict) -> OrderedDict:
+    """Remove the ``module.`` that a DDP / FSDP wrapper puts before every key."""
+    return strip_prefix(state_dict, 'module.')
 
 
 def add_prefix(state_dict: dict, prefix: str) -> OrderedDict:
@@ -386,16 +399,11 @@ def load_checkpoint_strict(model: nn.Module, path: str) -> None:
         CheckpointMismatchError: the checkpoint does not fit; the message names ``path`` and
             the keys at fault.
     """
-    from mmengine.model import is_model_wrapper
     from mmengine.runner.checkpoint import CheckpointLoader
-    if is_model_wrapper(model):
-        model = model.module
+    from mmpretrain.utils import get_ori_model
+    model = get_ori_model(model)
     ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
-    state = _with_recorded_layout(select_state_dict(ckpt), ckpt)
-    metadata = getattr(state, '_metadata', None)
-    state = OrderedDict((re.sub(r'^module\.', '', k), v) for k, v in state.items())
-    if metadata is not None:
-        state._metadata = metadata
+    state = strip_wrapper_prefix(_with_recorded_layout(select_state_dict(ckpt), ckpt))
     hint = ''
     if any(k.startswith('teacher.') for k in state):
         hint = ('It looks like a DINO pretraining checkpoint: it has no trained head for this '
@@ -403,70 +411,3 @@ def load_checkpoint_strict(model: nn.Module, path: str) -> None:
                 'backbone.init_cfg.checkpoint set to this file) and test that checkpoint; '
                 'Binary-AUC configs (configs/analysis) take DINO checkpoints directly.')
     load_state_dict_checked(model, state, path, hint=hint)
-
-
-# ---- converters ------------------------------------------------------------------------------
-def converter_weights(ckpt, key: Optional[str], source: str) -> tuple[dict, Optional[str]]:
-    """The state dict a converter reads from a loaded checkpoint, and the entry it came from.
-
-    ``key`` None picks ``'teacher'`` when present (DINO evaluates the teacher), else the
-    ``state_dict`` / ``model`` entry or the checkpoint itself (see :func:`select_state_dict`).
-
-    Raises:
-        KeyError: ``key`` is not an entry of the checkpoint.
-        ValueError: what was picked is not a state dict. Both messages name ``source`` and the
-            entries the checkpoint has.
-    """
-    if not isinstance(ckpt, dict):
-        raise ValueError(f'{source} is not a checkpoint dict (got {type(ckpt).__name__})')
-    if key is None and isinstance(ckpt.get('teacher'), dict):
-        key = 'teacher'
-    if key is not None and key not in ckpt:
-        raise KeyError(f'{source} has no entry {key!r}; its entries: {sorted(ckpt)[:20]}')
-    state = select_state_dict(ckpt, key)
-    tensors = isinstance(state, dict) and state and all(
-        isinstance(v, Tensor) for v in state.values())
-    if not tensors:
-        raise ValueError(f'{source}: entry {key!r} is not a state dict of tensors; the '
-                         f'checkpoint has the entries {sorted(ckpt)[:20]} (choose one with --key)')
-    return state, key
-
-
-def require_keys(state_dict: dict, keys: Sequence[str], source: str, what: str) -> None:
-    """Raise ``KeyError`` naming ``source``, the missing ``keys`` and the keys that are there."""
-    missing = [k for k in keys if k not in state_dict]
-    if missing:
-        raise KeyError(f'{source}: the weights have no {missing}, so they are not a {what} '
-                       f'backbone; their keys start with {_top_names(state_dict)} (e.g. '
-                       f'{sorted(state_dict)[:5]})')
-
-
-# ---- writing files -----------------------------------------------------------------------
-def check_output_path(src: str, dst: str) -> None:
-    """Refuse to write ``dst`` over the input ``src`` (same path, link or spelling).
-
-    Raises:
-        ValueError: ``dst`` is ``src``; or the folder of ``dst`` does not exist.
-    """
-    same = osp.realpath(src) == osp.realpath(dst) or (
-        osp.exists(dst) and osp.exists(src) and osp.samefile(src, dst))
-    if same:
-        raise ValueError(f'refusing to overwrite the input checkpoint {src} with the output '
-                         f'{dst}: choose another output path')
-    folder = osp.dirname(osp.abspath(dst))
-    if not osp.isdir(folder):
-        raise ValueError(f'output folder does not exist: {folder}')
-
-
-def save_atomic(obj, dst: str) -> None:
-    """``torch.save`` to a temporary file next to ``dst``, then rename it into place, so that
-    ``dst`` is never left half written (and an existing ``dst`` stays intact on failure)."""
-    folder, name = osp.split(osp.abspath(dst))
-    tmp = osp.join(folder, f'.{name}.{os.getpid()}.tmp')
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        if osp.exists(tmp):
-            os.remove(tmp)
-        raise

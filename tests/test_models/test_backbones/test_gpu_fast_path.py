@@ -1,6 +1,6 @@
 """DinoVim's fast path (Triton SSD scan and gated RMSNorm of mamba_ssm, our fused conv and merge
 kernels) vs the portable path. On a GPU (``gpu`` marker, `pytest -m gpu`): both in bf16 autocast
-against a float64 run (issue: fast path <= ~2x the portable path's own bf16 error). On CPU: the
+against a float64 run (acceptance: fast path <= ~2x the portable path's own bf16 error). On CPU: the
 same kernels under Triton's interpreter, float32."""
 import importlib.util
 import textwrap

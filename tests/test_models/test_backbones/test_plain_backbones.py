@@ -1,11 +1,15 @@
-"""Every preset with a tiny dict arch: shapes, gradients, round trip, freezing, errors, registry."""
+"""Every preset with a tiny dict arch: shapes, gradients, round trip, freezing, errors, registry.
+
+MILA (hierarchical) is on the same contract: it joins the tests that do not depend on the plain
+trunk's token sequence (gradients, round trip, activation checkpointing, the shared argument
+checks, the registries)."""
 import io
 
 import pytest
 import torch
 
 import mmdinomamba  # noqa: F401  (registers everything)
-from mmdinomamba.models.backbones import DinoVim, LinearViT, MambaReg, ViT
+from mmdinomamba.models.backbones import MILA, DinoVim, LinearViT, MambaReg, ViT
 
 TINY_SSD = dict(d_state=8, headdim=16, chunk_size=64)
 CASES = {
@@ -15,7 +19,9 @@ CASES = {
     'DinoVim-legacy': (DinoVim, dict(arch=dict(embed_dims=32, num_layers=2), mixer_cfg=TINY_SSD,
                                      legacy_dinomamba_layout=True)),
     'MambaReg': (MambaReg, dict(arch=dict(embed_dims=32, num_layers=2), mixer_cfg=TINY_SSD)),
+    'MILA': (MILA, dict(arch=dict(embed_dims=16, depths=[1, 1, 1, 2], num_heads=[1, 2, 2, 4]))),
 }
+PLAIN = [name for name in CASES if name != 'MILA']  # one token sequence, a cls token / registers
 EXTRA_TOKENS = {'ViT': 1, 'LinearViT': 1, 'DinoVim': 1, 'DinoVim-legacy': 2, 'MambaReg': 12}
 
 
@@ -24,7 +30,7 @@ def build(name, **kw):
     return cls(**{**cfg, **kw})
 
 
-@pytest.mark.parametrize('name', list(CASES))
+@pytest.mark.parametrize('name', PLAIN)
 @pytest.mark.parametrize('size', [(96, 96), (224, 224), (256, 309)])
 def test_output_shapes(name, size):
     model = build(name, out_indices=(0, -1), out_type='raw').eval()
@@ -96,11 +102,12 @@ def test_frozen_stages(name):
     assert not any(p.requires_grad for p in full.parameters())
 
 
-def test_with_cp_matches_plain():
-    plain = build('DinoVim', drop_path_rate=0.).train()
-    cp = build('DinoVim', drop_path_rate=0., with_cp=True).train()
+@pytest.mark.parametrize('name', ['DinoVim', 'MILA'])
+def test_with_cp_matches_plain(name):
+    plain = build(name, drop_path_rate=0.).train()
+    cp = build(name, drop_path_rate=0., with_cp=True).train()
     cp.load_state_dict(plain.state_dict())
-    x = torch.randn(1, 3, 32, 32)
+    x = torch.randn(2 if name == 'MILA' else 1, 3, 32, 32)  # MILA: BatchNorm needs 2 images
     plain(x)[0].sum().backward()
     cp(x)[0].sum().backward()
     for (n, a), b in zip(plain.named_parameters(), cp.parameters()):
@@ -143,3 +150,48 @@ def test_builds_from_registries():
     vit = SEG.build(dict(type='mmpretrain.LinearViT',
                          arch=dict(embed_dims=32, num_layers=2, num_heads=2)))
     assert isinstance(vit, LinearViT)
+
+
+@pytest.mark.parametrize('name', ['ViT', 'DinoVim', 'MILA'])
+def test_shared_argument_checks(name):
+    """One implementation of the arch parsing and argument checks for every backbone: the same
+    errors, each naming the class and the value at fault."""
+    cls, cfg = CASES[name]
+    arch = cfg['arch']
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: arch 'x' is not supported"):
+        cls(**{**cfg, 'arch': 'x'})
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: unknown arch keys \['depth_x'\]"):
+        cls(**{**cfg, 'arch': dict(arch, depth_x=1)})
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: custom arch dict is missing the key "
+                       "'embed_dims'"):
+        cls(**{**cfg, 'arch': {k: v for k, v in arch.items() if k != 'embed_dims'}})
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: out_type='cls'"):
+        cls(**cfg, out_type='cls')
+    with pytest.raises(ValueError, match=rf'{cls.__name__}: frozen_stages=9 must be in'):
+        cls(**cfg, frozen_stages=9)
+    with pytest.raises(IndexError, match='out_indices: (layer|stage) index 7 is out of range'):
+        cls(**cfg, out_indices=7)
+
+
+@pytest.mark.parametrize('name', ['ViT', 'MILA'])
+def test_frozen_parts_stay_frozen_in_train_mode(name):
+    """``frozen_stages`` + ``norm_eval``: what is frozen has no gradient and stays in eval mode
+    through ``train()`` (MILA also keeps its BatchNorms in eval mode)."""
+    model = build(name, frozen_stages=1, norm_eval=True).train()
+    assert not model.patch_embed.training
+    assert not any(p.requires_grad for p in model.patch_embed.parameters())
+    assert not model.layers[0].training and not any(p.requires_grad
+                                                    for p in model.layers[0].parameters())
+    assert all(p.requires_grad for p in model.layers[-1].parameters())
+    batchnorms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert all(not m.training for m in batchnorms)
+
+
+def test_mila_builds_from_registries():
+    from mmdet.registry import MODELS as DET
+    from mmseg.registry import MODELS as SEG
+    cfg = dict(CASES['MILA'][1], out_type='featmap', out_indices=(0, 1, 2, 3))
+    for registry in (SEG, DET):
+        model = registry.build(dict(type='mmpretrain.MILA', **cfg))
+        assert isinstance(model, MILA)
+        assert [o.shape[1] for o in model(torch.randn(1, 3, 64, 64))] == [16, 32, 64, 128]

@@ -242,7 +242,7 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     from mmdinomamba.ops import fast_path_variant, portable_ops
     from repo_files import load_file
     print('KERNELS', kernel_interpreter.route())
-    saved_bytes = load_file('tools/analysis/saved_activations.py').saved_bytes
+    saved_bytes = load_file('tools/gpu/saved_activations.py').saved_bytes
 
     torch.manual_seed(0)
     m = BiSSD(64, d_state=16, headdim=16, chunk_size=16)

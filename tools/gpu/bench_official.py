@@ -1,14 +1,13 @@
 """Train-step speed and memory of the official Dino-Mamba model next to our DinoVim, in one run.
 
-The official code is never part of this repository. For a GPU session, put a snapshot of
-``yangtiming/Dino-Mamba`` in the ignored folder ``.external/Dino-Mamba`` (``prepare_gpu_wheels.sh
---official`` does it from a fetched mirror) and have ``causal_conv1d`` installed: the official
-bidirectional mixer exists only in ``mamba_ssm``'s fused path, which calls it. ``timm`` and
-``einops`` come with the GPU image. Both models are timed by the same loop as
-``benchmark.py`` (bf16 autocast, AdamW, forward + backward + step, median step time), with
-drop path 0 and no classification head::
+The official code is not part of this repository: clone ``yangtiming/Dino-Mamba`` into the
+ignored folder ``.external/Dino-Mamba`` and install ``causal-conv1d`` and ``timm`` (the official
+bidirectional mixer exists only in ``mamba_ssm``'s fused path, which calls ``causal_conv1d``);
+``tools/gpu/README.md`` has the commands. Both models are timed by the same loop as
+``tools/analysis/benchmark.py`` (bf16 autocast, AdamW, forward + backward + step, median step
+time), with drop path 0 and no classification head::
 
-    python tools/analysis/bench_official.py --repo .external/Dino-Mamba --arch b \
+    python tools/gpu/bench_official.py --repo .external/Dino-Mamba --arch b \
         --res 224 512 1024 --batch 64 16 4
 """
 import argparse
@@ -19,12 +18,16 @@ import sys
 
 import torch
 
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
 HERE = osp.dirname(osp.abspath(__file__))
 ARCH_NAMES = dict(t='tiny', s='small', b='base')
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location('benchmark', osp.join(HERE, 'benchmark.py'))
+    """``tools/analysis/benchmark.py`` as a module (its timing loop)."""
+    path = osp.join(osp.dirname(HERE), 'analysis', 'benchmark.py')
+    spec = importlib.util.spec_from_file_location('benchmark', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -34,13 +37,14 @@ def official_factory(repo: str, arch: str):
     """``res -> model``: the official ``vim_<arch>_patch16_224`` (no head, drop path 0) built for
     inputs of ``res`` pixels, with a clear error for what is missing."""
     if not osp.isfile(osp.join(repo, 'models_vim.py')):
-        raise SystemExit(f'bench_official: {repo!r} has no models_vim.py; put a snapshot of '
-                         'yangtiming/Dino-Mamba there (prepare_gpu_wheels.sh --official)')
+        raise SystemExit(f'bench_official: {repo!r} has no models_vim.py; clone '
+                         'yangtiming/Dino-Mamba there (see tools/gpu/README.md)')
     missing = [m for m in ('timm', 'einops', 'causal_conv1d', 'mamba_ssm')
                if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(f'bench_official: the official model needs {", ".join(missing)} '
-                         'installed (causal_conv1d: build it on the GPU machine, see the README)')
+                         'installed (pip install causal-conv1d timm einops; see '
+                         'tools/gpu/README.md)')
     from mmdinomamba.ops._triton import import_mamba_module
     # mamba_ssm 2.3.2.post1 without its CUDA build: make its kernel modules importable first
     import_mamba_module('mamba_ssm.ops.triton.ssd_combined')

@@ -14,13 +14,15 @@ On a GPU it measures the real CUDA path. Without one, ``--interpret`` runs the s
 CPU under Triton's interpreter (``tests/kernel_interpreter.py``; slow, so use a small ``--res``:
 bytes per token do not depend on the length)::
 
-    python tools/analysis/saved_activations.py --arch b --res 224               # on a GPU
-    python tools/analysis/saved_activations.py --arch b --res 112 --interpret   # CPU
+    python tools/gpu/saved_activations.py --arch b --res 224               # on a GPU
+    python tools/gpu/saved_activations.py --arch b --res 112 --interpret   # CPU
 """
 import argparse
 import os
 import os.path as osp
 import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VARIANTS = {
     'recompute': dict(),

@@ -1,8 +1,8 @@
 """GPU check of the SSD scan and the BiSSD mixer: Triton vs portable equivalence, and timings.
 
-Usage (on a machine with CUDA and ``mamba_ssm`` installed, e.g. the device tool)::
+Usage (on a machine with CUDA and ``mamba_ssm`` installed, see ``tools/gpu/README.md``)::
 
-    python tools/analysis/gpu_check.py [--quick]
+    python tools/gpu/gpu_check.py [--quick]
 
 Prints, for the scan in bf16, the relative error against a float64 scan of (a) the Triton
 kernel and (b) plain PyTorch in bf16 (the portable chunked scan with ``upcast=False``), for the
@@ -13,10 +13,13 @@ directions vs two, fused conv / merge kernels vs separate ops, conv recomputed o
 peak memory). Exits with status 0 and a note when CUDA is not available, 1 when a check fails.
 """
 import argparse
+import os.path as osp
 import sys
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def rel(a, b):

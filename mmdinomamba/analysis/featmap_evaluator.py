@@ -1,10 +1,13 @@
-"""A model that turns a backbone into CLS-to-patch feature maps for the Binary-AUC evaluator.
+"""A model that turns a backbone into CLS-to-patch feature maps for the Binary-AUC metric.
 
-``python tools/test.py configs/analysis/<config> --checkpoint CKPT`` runs
-``FeatMapEvaluator.test_step``: the data preprocessor normalizes the images, the backbone's
-``forward_layers`` gives tokens and mixing matrices, and every data sample receives
-``pred_featmap`` (num_layers, heads, R, h, w) maps min-max normalized to [0, 1] plus the metainfo
-``featmap_layers`` / ``featmap_type`` / ``query_index``, read by the ``BinaryAUC`` metric.
+An evaluation adapter of the analysis floor (registered as ``type='FeatMapEvaluator'`` in
+mmpretrain's ``MODELS``): ``python tools/test.py configs/analysis/<config> CKPT`` runs
+``FeatMapEvaluator.test_step``: the data preprocessor normalizes the images,
+:func:`~mmdinomamba.analysis.featmaps.compute_featmaps` runs the backbone's ``forward_layers``, and
+:func:`~mmdinomamba.evaluation.binary_auc.fill_featmap_samples` writes the maps into every data
+sample (``pred_featmap`` (num_layers, heads, R, h, w), min-max normalized to [0, 1], and the
+metainfo ``featmap_layers`` / ``featmap_type`` / ``query_index``), as
+:func:`~mmdinomamba.analysis.backbone_eval.evaluate_binary_auc` does for ``BinaryAUCHook``.
 
 Checkpoints: a DINO checkpoint holds ``backbone.*`` (student) and ``teacher.backbone.*``
 (teacher); a converted one holds the backbone keys, bare or under ``backbone.``. A load hook maps
@@ -22,13 +25,13 @@ from mmengine.model import BaseModel
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
-from mmdinomamba.analysis.featmaps import compute_featmaps
+from mmdinomamba.datasets.normalization import imagenet_preprocessor
+from mmdinomamba.evaluation.binary_auc import fill_featmap_samples
+from mmdinomamba.models.utils import (BACKBONE_PREFIXES, add_prefix, backbone_state_dict,
+                                      strip_prefix)
+from .featmaps import compute_featmaps
 
-from ..utils import add_prefix, backbone_state_dict, strip_prefix
-
-IMAGENET_PREPROCESSOR = dict(type='ClsDataPreprocessor', mean=[123.675, 116.28, 103.53],
-                             std=[58.395, 57.12, 57.375], to_rgb=True)
-DEFAULT_PREFIXES = ('teacher.backbone.', 'teacher.module.backbone.', 'backbone.')
+__all__ = ['FeatMapEvaluator']
 
 
 @MODELS.register_module()
@@ -53,10 +56,10 @@ class FeatMapEvaluator(BaseModel):
     def __init__(self, backbone: dict, map_type: str = 'mixing',
                  layers: Optional[Union[int, Sequence[int]]] = (-1, ), query: str = 'auto',
                  cosine_heads: int = 1, head_reduce: Optional[str] = None,
-                 ckpt_prefixes: Sequence[str] = DEFAULT_PREFIXES,
+                 ckpt_prefixes: Sequence[str] = BACKBONE_PREFIXES,
                  data_preprocessor: Optional[dict] = None, init_cfg: Optional[dict] = None):
         if data_preprocessor is None:
-            data_preprocessor = dict(IMAGENET_PREPROCESSOR)
+            data_preprocessor = imagenet_preprocessor()
         if isinstance(data_preprocessor, dict):
             data_preprocessor.setdefault('type', 'ClsDataPreprocessor')
             data_preprocessor = MODELS.build(data_preprocessor)
@@ -112,8 +115,4 @@ class FeatMapEvaluator(BaseModel):
             return fm.maps
         if data_samples is None:
             data_samples = [DataSample() for _ in range(inputs.shape[0])]
-        for sample, maps in zip(data_samples, fm.maps):
-            sample.set_field(maps.detach().float().cpu(), 'pred_featmap')
-            sample.set_metainfo(dict(featmap_layers=fm.layers, featmap_type=fm.map_type,
-                                     query_index=fm.query_index))
-        return data_samples
+        return fill_featmap_samples(data_samples, fm)

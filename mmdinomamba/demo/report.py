@@ -1,0 +1,168 @@
+"""The demo's ``summary.json`` and ``report.md``: pure functions of what the run measured.
+
+Inputs are the per-iteration scalars mmengine logged during pretraining (``vis_data/scalars.json``
+lines) and the evaluation results of :func:`mmdinomamba.demo.evaluate.evaluate_backbone` for the
+teacher and for every random-init seed, so both files are tested without running anything.
+"""
+import json
+import math
+import os.path as osp
+import re
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+__all__ = ['series', 'auc_by_layer', 'auc_during_training', 'build_summary', 'write_summary',
+           'render_report', 'TRAIN_KEYS']
+
+#: the training signals the report shows (DINO's logged scalars)
+TRAIN_KEYS = ('loss', 'teacher_entropy', 'teacher_batch_entropy', 'prototypes_used', 'kl',
+              'teacher_temp', 'momentum', 'lr')
+
+
+def _step(row: dict) -> Optional[int]:
+    for key in ('iter', 'step'):
+        if isinstance(row.get(key), (int, float)):
+            return int(row[key])
+    return None
+
+
+def series(scalars: Sequence[dict], key: str) -> List[tuple]:
+    """``[(iteration, value)]`` of ``key`` (or any key ending in ``/key``), in logged order."""
+    out = []
+    for row in scalars:
+        for k, v in row.items():
+            if (k == key or k.endswith('/' + key)) and isinstance(v, (int, float)):
+                out.append((_step(row), float(v)))
+                break
+    return out
+
+
+_LAYER = re.compile(r'(?:^|/)auc/layer_(-?\d+)$')
+
+
+def auc_by_layer(metrics: Optional[Dict[str, float]]) -> Dict[int, float]:
+    """``{layer: raw AUC %}`` of a :class:`BinaryAUC` metric dict; one entry (layer -1) for a
+    single-layer evaluation."""
+    if not metrics:
+        return {}
+    out = {int(m.group(1)): float(v) for k, v in metrics.items() if (m := _LAYER.search(k))}
+    if not out:
+        mean = _metric(metrics, 'auc')
+        if mean is not None:
+            out[-1] = mean
+    return dict(sorted(out.items()))
+
+
+def _metric(metrics: dict, name: str) -> Optional[float]:
+    for k, v in metrics.items():
+        if k == name or k.endswith('/' + name):
+            return float(v)
+    return None
+
+
+def auc_during_training(scalars: Sequence[dict]) -> Dict[int, Dict[int, float]]:
+    """``{iteration: {layer: AUC %}}`` from the Binary-AUC hook's logged rows."""
+    out = {}
+    for row in scalars:
+        layers = auc_by_layer({k: v for k, v in row.items() if 'binary_auc' in k})
+        if layers and _step(row) is not None:
+            out[_step(row)] = layers
+    return out
+
+
+def _last(values: Sequence[tuple]) -> Optional[float]:
+    return values[-1][1] if values else None
+
+
+def _spread(values: Sequence[float]) -> str:
+    if not values:
+        return '-'
+    mean = statistics.fmean(values)
+    sd = statistics.pstdev(values) if len(values) > 1 else 0.
+    return f'{mean:.1f} ± {sd:.1f} (min {min(values):.1f}, max {max(values):.1f})'
+
+
+def build_summary(teacher: dict, randoms: Sequence[dict], scalars: Sequence[dict],
+                  num_classes: int, out_dim: int, wall_time_s: float) -> dict:
+    """The machine-readable summary (keys documented in the README).
+
+    Args:
+        teacher (dict): evaluation of the DINO teacher. randoms: one per random-init seed.
+        scalars (Sequence[dict]): the pretraining's logged rows.
+        num_classes (int): classes of the data. out_dim (int): K, the DINO head's outputs.
+        wall_time_s (float): the demo's wall time.
+    """
+    def both(key):
+        return dict(teacher=teacher[key], random=[r[key] for r in randoms])
+
+    summary = dict(wall_time_s=round(wall_time_s, 1), num_classes=num_classes,
+                   knn_top1=both('knn_top1'), linear_top1=both('linear_top1'))
+    if teacher.get('binary_auc'):
+        def mean_of(res):
+            return float(statistics.fmean(auc_by_layer(res['binary_auc']).values()))
+
+        def best_of(res):
+            return float(max(auc_by_layer(res['binary_auc']).values()))
+
+        summary['binary_auc_mean'] = dict(teacher=mean_of(teacher),
+                                          random=[mean_of(r) for r in randoms])
+        summary['binary_auc_best_layer'] = dict(teacher=best_of(teacher),
+                                                random=[best_of(r) for r in randoms])
+    summary['teacher_batch_entropy'] = dict(
+        final=_last(series(scalars, 'teacher_batch_entropy')), log_k=math.log(out_dim))
+    used = _last(series(scalars, 'prototypes_used'))
+    summary['prototypes_used'] = dict(final=None if used is None else round(used, 2), k=out_dim)
+    return summary
+
+
+def write_summary(path: str, summary: dict) -> None:
+    with open(path, 'w') as f:
+        json.dump(summary, f, indent=1)
+
+
+def _margin_line(name: str, entry: dict, unit: str = 'points') -> str:
+    best = max(entry['random'])
+    return (f'| {name} | {entry["teacher"]:.1f} | {_spread(entry["random"])} | '
+            f'{entry["teacher"] - best:+.1f} {unit} |')
+
+
+def render_report(summary: dict, config: str, data_root: str, figures: Sequence[str],
+                  times: Dict[str, float], notes: Sequence[str] = ()) -> str:
+    """``report.md``: what was run, the numbers against random init (mean ± sd over seeds),
+    the collapse signals and the figures."""
+    n_seeds = len(summary['knn_top1']['random'])
+    lines = ['# mmdinomamba demo report', '',
+             f'Pretraining config: `{config}`; data: `{data_root}` '
+             f'({summary["num_classes"]} classes, chance {100 / summary["num_classes"]:.1f}%).',
+             '', f'## Frozen features: DINO teacher vs random init ({n_seeds} seeds)', '',
+             '| metric (%) | DINO teacher | random init: mean ± sd (min, max) | teacher - best '
+             'random |', '|---|---|---|---|',
+             _margin_line('k-NN top-1 (k=20, T=0.07, cls token)', summary['knn_top1']),
+             _margin_line('linear probe top-1 (L-BFGS logistic regression)',
+                          summary['linear_top1'])]
+    if 'binary_auc_mean' in summary:
+        lines += [_margin_line('Binary-AUC, mean over layers (raw)', summary['binary_auc_mean']),
+                  _margin_line('Binary-AUC, best layer (raw)', summary['binary_auc_best_layer'])]
+    else:
+        lines += ['', 'Binary-AUC: skipped (the data folder has no `masks/`).']
+    h, used = summary['teacher_batch_entropy'], summary['prototypes_used']
+    lines += ['', '## Collapse signals at the end of pretraining', '',
+              f'- batch-mean teacher entropy: {_fmt(h["final"])} nats of log K = '
+              f'{h["log_k"]:.2f} ({_ratio(h["final"], h["log_k"])} x log K)',
+              f'- prototypes in use (distinct argmax in a batch): {_fmt(used["final"], ".1f")} '
+              f'of K = {used["k"]}', '']
+    lines += [f'- {n}' for n in notes]
+    if figures:
+        lines += ['', '## Figures', ''] + [f'![{osp.basename(f)}]({f})' for f in figures]
+    lines += ['', '## Wall time (s)', '', '| step | seconds |', '|---|---|']
+    lines += [f'| {k} | {v:.0f} |' for k, v in times.items()]
+    lines.append(f'| total | {summary["wall_time_s"]:.0f} |')
+    return '\n'.join(lines) + '\n'
+
+
+def _fmt(v, spec='.2f'):
+    return '-' if v is None else format(v, spec)
+
+
+def _ratio(a, b):
+    return '-' if a is None else f'{a / b:.2f}'
