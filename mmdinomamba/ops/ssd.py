@@ -1,7 +1,9 @@
 """Public SSD scan entry point: one signature, three implementations.
 
 * ``'ref'``: the naive sequential recurrence (:func:`ssd_scan_ref`, tests only);
-* ``'torch'``: the portable chunked PyTorch scan (:func:`ssd_scan_chunked`), the CPU default;
+* ``'torch'``: the portable PyTorch scan, the CPU default: the quadratic form
+  (:func:`ssd_scan_quadratic`) up to :func:`~mmdinomamba.ops.quadratic_max_len` tokens, the
+  chunked scan (:func:`ssd_scan_chunked`, chunks of :data:`PORTABLE_CHUNK_SIZE`) beyond;
 * ``'triton'``: ``mamba_ssm``'s ``mamba_chunk_scan_combined`` for CUDA tensors.
 
 ``'auto'`` picks Triton for CUDA tensors when ``mamba_ssm`` can be imported, else the portable
@@ -13,7 +15,9 @@ from torch import Tensor
 from . import _triton
 from ._triton import chunk_scan_fn, log_once
 from .ssd_chunked import ssd_scan_chunked
+from .ssd_quadratic import ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
+from .variants import quadratic_max_len
 
 __all__ = ['ssd_scan', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS']
 
@@ -39,9 +43,8 @@ def ssd_scan(x: Tensor,
             ``i // (heads // groups)``.
         C (Tensor): (batch, length, groups, state).
         D (Tensor, optional): (heads,) skip weights. Defaults to None.
-        chunk_size (int): chunk length of the Triton kernel. The portable scan uses
-            ``min(chunk_size, 64)`` (faster on CPU and more accurate in float32; the result
-            does not depend on the chunk size beyond rounding). Defaults to 256.
+        chunk_size (int): chunk length of the Triton kernel (the portable scans choose their
+            own blocks; the result does not depend on them beyond rounding). Defaults to 256.
         backend (str): ``'auto'``, ``'torch'``, ``'triton'`` or ``'ref'``. Defaults to 'auto'.
 
     Returns:
@@ -56,7 +59,9 @@ def ssd_scan(x: Tensor,
             'scan', chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C, chunk_size,
             D=D)) is not None:
         return y
-    return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=min(chunk_size, PORTABLE_CHUNK_SIZE))
+    if x.shape[1] <= quadratic_max_len(x.shape[-1], B.shape[-1]):
+        return ssd_scan_quadratic(x, dt, A, B, C, D)
+    return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=PORTABLE_CHUNK_SIZE)
 
 
 def _kernel_applies(x: Tensor, backend: str) -> bool:

@@ -17,7 +17,8 @@ What makes it fast and lean compared with the textbook ``ssd_minimal`` form:
 * no (chunks x chunks) segment-sum tensor, no 5-D einsums with large intermediates;
 * ``C B^T`` is computed once per group and shared by the heads of the group; the state and
   inter-chunk products fold the heads of a group into one GEMM (``(n x Q) @ (Q x heads*p)``);
-* decay exponents are clamped to ``[-60, 0]`` before ``exp`` (see :func:`_exp_decay`);
+* decay exponents are clamped to ``[-60, 0]`` before ``exp`` (see
+  :func:`~mmdinomamba.ops.ssd_chunked_blocks.exp_decay`);
 * a custom autograd function saves only the inputs and the (n, p) state entering each chunk,
   and recomputes the rest tile by tile in a hand-written backward (``ssd_chunked_bwd.py``);
 * a ragged last chunk is scanned at its own length (no padding to a multiple of ``Q``).
@@ -28,67 +29,13 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, head_major,
+                                 heads_as_columns, intra_chunk_weights)
+from .ssd_chunked_bwd import backward_block
+
 __all__ = ['ssd_scan_chunked']
 
-_EXP_FLOOR = -60.0
 _TILE_ROWS = 1024  # (batch x tokens) rows per work unit
-
-
-def _exp_decay(t: Tensor) -> Tensor:
-    """``exp`` of decay exponents (``t <= 0``), clamped to ``[-60, 0]``, in place on ``t``.
-
-    Clamping from above maps the (masked) upper triangle of a chunk to ``exp(0)``; clamping
-    from below keeps every factor a normal float: factors under ``exp(-60)`` (1e-26) would
-    otherwise become subnormal, zero or come from ``-inf``, and such exponentials are 20-200x
-    slower on x86 CPUs. The change to any output is below 1e-26 relative.
-    """
-    return t.clamp_(_EXP_FLOOR, 0.0).exp_()
-
-
-def _prep(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, Q: int):
-    """Chunked views of one block of ``c`` full chunks (length ``c * Q``).
-
-    Returns ``xv`` (b, c, Q, g, r, p), ``dtv`` (b, c, Q, g, r), ``acs`` (b, c, Q, g, r) the
-    chunk-local cumulative sum of ``dt * A``, and ``Bg``, ``Cg`` (b, g, c, Q, n).
-    """
-    b, length, h, p = x.shape
-    g, n = B.shape[2:]
-    r, c = h // g, length // Q
-    xv = x.reshape(b, c, Q, g, r, p)
-    dtv = dt.reshape(b, c, Q, g, r)
-    acs = (dtv * A.reshape(g, r)).cumsum(dim=2)
-    Bg = B.reshape(b, c, Q, g, n).permute(0, 3, 1, 2, 4)
-    Cg = C.reshape(b, c, Q, g, n).permute(0, 3, 1, 2, 4)
-    return xv, dtv, acs, Bg, Cg
-
-
-def _swap(t: Tensor) -> Tensor:
-    """(b, c, Q, g, r, p) <-> (b, g, r, c, Q, p) (token-major <-> head-major; a view)."""
-    return t.permute(0, 3, 4, 1, 2, 5)
-
-
-def _tok(t: Tensor) -> Tensor:
-    """(b, c, Q, g, r, p) -> (b, g, c, Q, r*p): heads of a group side by side (GEMM columns)."""
-    b, c, Q, g, r, p = t.shape
-    return t.permute(0, 3, 1, 2, 4, 5).reshape(b, g, c, Q, r * p)
-
-
-def _untok(t: Tensor, p: int) -> Tensor:
-    """(b, g, c, Q, r*p) -> (b, c, Q, g, r, p) (a view)."""
-    b, g, c, Q, rp = t.shape
-    return t.reshape(b, g, c, Q, rp // p, p).permute(0, 2, 3, 1, 4, 5)
-
-
-def _intra_weights(acs: Tensor, dtv: Tensor, Bg: Tensor, Cg: Tensor):
-    """Diagonal-block weights ``W[i, j] = (C_i . B_j) exp(s_i - s_j) dt_j`` (j <= i, else 0).
-
-    Returns ``W`` and ``E = exp(s_i - s_j)`` (b, g, r, c, Q, Q) and ``cb`` (b, g, c, Q, Q).
-    """
-    acs_h = acs.permute(0, 3, 4, 1, 2)  # (b, g, r, c, Q)
-    cb = torch.matmul(Cg, Bg.transpose(-1, -2)).tril_()
-    E = _exp_decay(acs_h[..., :, None] - acs_h[..., None, :])
-    W = (E * cb.unsqueeze(2)).mul_(dtv.permute(0, 3, 4, 1, 2).unsqueeze(-2))
-    return W, E, cb
 
 
 def _pass_states(S: Tensor, cdec: Tensor, state: Tensor | None, p: int):
@@ -113,17 +60,17 @@ def _fwd_block(x, dt, A, B, C, D, Q: int, state: Tensor | None, out: Tensor):
 
     Returns the per-chunk entering states (b, g, c, n, r*p) and the final state (b, g, n, r*p).
     """
-    xv, dtv, acs, Bg, Cg = _prep(x, dt, A, B, C, Q)
+    xv, dtv, acs, Bg, Cg = chunk_views(x, dt, A, B, C, Q)
     b, c, _, g, r, p = xv.shape
-    W = _intra_weights(acs, dtv, Bg, Cg)[0]
+    W = intra_chunk_weights(acs, dtv, Bg, Cg)[0]
     if D is not None:
         W.diagonal(dim1=-2, dim2=-1).add_(D.reshape(g, r, 1, 1))
-    y = _swap(torch.matmul(W, _swap(xv)))  # (b, c, Q, g, r, p)
-    coef = _exp_decay(acs[:, :, -1:] - acs).mul_(dtv)
-    S = torch.matmul(Bg.transpose(-1, -2), _tok(xv * coef[..., None]))
-    entering, final = _pass_states(S, _exp_decay(acs[:, :, -1].clone()), state, p)
-    y_off = _untok(torch.matmul(Cg, entering), p)
-    y_off.mul_(_exp_decay(acs.clone())[..., None])
+    y = head_major(torch.matmul(W, head_major(xv)))  # (b, c, Q, g, r, p)
+    coef = exp_decay(acs[:, :, -1:] - acs).mul_(dtv)
+    S = torch.matmul(Bg.transpose(-1, -2), heads_as_columns(xv * coef[..., None]))
+    entering, final = _pass_states(S, exp_decay(acs[:, :, -1].clone()), state, p)
+    y_off = columns_as_heads(torch.matmul(Cg, entering), p)
+    y_off.mul_(exp_decay(acs.clone())[..., None])
     out.view(xv.shape).copy_(y_off.add_(y))  # copy_, not out=: torch.compile-friendly
     return entering, final
 
@@ -162,12 +109,11 @@ class _ChunkedSSD(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        from .ssd_chunked_bwd import bwd_block
         with torch.autocast(device_type=dy.device.type, enabled=False):
-            return _ChunkedSSD._backward(ctx, dy, bwd_block)
+            return _ChunkedSSD._backward(ctx, dy)
 
     @staticmethod
-    def _backward(ctx, dy, bwd_block):
+    def _backward(ctx, dy):
         x, dt, A, B, C, D = ctx.saved_tensors
         dy = dy.contiguous()
         grads = dict(
@@ -181,7 +127,7 @@ class _ChunkedSSD(torch.autograd.Function):
         for row in reversed(ctx.tiles):
             dstate = None
             for bs, sl, q in reversed(row):
-                dstate = bwd_block(x[bs, sl], dt[bs, sl], A, B[bs, sl], C[bs, sl], D, q,
+                dstate = backward_block(x[bs, sl], dt[bs, sl], A, B[bs, sl], C[bs, sl], D, q,
                                    next(entering), dy[bs, sl], dstate, grads, (bs, sl))
         return (grads['x'], grads['dt'], grads['A'], grads['B'], grads['C'], grads['D'], None, None)
 

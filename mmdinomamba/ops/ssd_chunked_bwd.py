@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ssd_chunked import _exp_decay, _intra_weights, _prep, _swap, _tok, _untok
+from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, head_major,
+                                 heads_as_columns, intra_chunk_weights)
 
-__all__ = ['bwd_block']
+__all__ = ['backward_block']
 
 
 def _to_tok_order(t: Tensor) -> Tensor:
@@ -35,9 +36,9 @@ def _to_tok_order(t: Tensor) -> Tensor:
 def _bwd_intra(xv, dyv, acs, dtv, Bg, Cg):
     """Gradients of the diagonal blocks. Returns dx (b, c, Q, g, r, p), da and ddt
     (b, c, Q, g, r), dB and dC (b, g, c, Q, n), and dD (h,) (``sum_i dy_i . x_i``)."""
-    W, E, cb = _intra_weights(acs, dtv, Bg, Cg)
-    dy_h, x_h = _swap(dyv).contiguous(), _swap(xv).contiguous()
-    dx = _swap(torch.matmul(W.transpose(-1, -2), dy_h))
+    W, E, cb = intra_chunk_weights(acs, dtv, Bg, Cg)
+    dy_h, x_h = head_major(dyv).contiguous(), head_major(xv).contiguous()
+    dx = head_major(torch.matmul(W.transpose(-1, -2), dy_h))
     V = torch.matmul(dy_h, x_h.transpose(-1, -2))  # dW
     dD = V.diagonal(dim1=-2, dim2=-1).sum(dim=(0, 3, 4)).reshape(-1)
     V.mul_(E)  # dW * E
@@ -79,29 +80,29 @@ def _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering, dstate):
     ``a`` from the state terms), ddt, dB, dC and dstate_in.
     """
     p = xv.shape[-1]
-    dy_s = _tok(dyv * _exp_decay(acs.clone())[..., None])  # (b, g, c, Q, r*p)
+    dy_s = heads_as_columns(dyv * exp_decay(acs.clone())[..., None])  # (b, g, c, Q, r*p)
     dC = torch.matmul(dy_s, entering.transpose(-1, -2))
-    ds = (_untok(torch.matmul(Cg, entering), p) * _untok(dy_s, p)).sum(dim=-1)
-    cdec = _exp_decay(acs[:, :, -1].clone())  # (b, c, g, r)
+    ds = (columns_as_heads(torch.matmul(Cg, entering), p) * columns_as_heads(dy_s, p)).sum(dim=-1)
+    cdec = exp_decay(acs[:, :, -1].clone())  # (b, c, g, r)
     dS, dstate_in = _reverse_states(torch.matmul(Cg.transpose(-1, -2), dy_s), cdec, dstate, p)
     b, g, c, n, rp = dS.shape
     ds_last = (entering * dS).view(b, g, c, n, rp // p, p).sum(dim=(3, 5)).transpose(1, 2)
     ds_last.mul_(cdec)
 
-    to_end = _exp_decay(acs[:, :, -1:] - acs)  # (b, c, Q, g, r)
+    to_end = exp_decay(acs[:, :, -1:] - acs)  # (b, c, Q, g, r)
     coef = to_end * dtv
-    BdS = _untok(torch.matmul(Bg, dS), p)  # (b, c, Q, g, r, p)
+    BdS = columns_as_heads(torch.matmul(Bg, dS), p)  # (b, c, Q, g, r, p)
     dscalar = (BdS * xv).sum(dim=-1)
     ddt = to_end.mul_(dscalar)
     # exp(s_Q - s_j) contains a_k for k > j; exp(s_Q) (chunk decay) contains every a_k.
     cd = (coef * dscalar).cumsum(dim=2)
     da_state = F.pad(cd[:, :, :-1], (0, 0, 0, 0, 1, 0)).add_(ds_last.unsqueeze(2))
-    dB = torch.matmul(_tok(xv * coef[..., None]), dS.transpose(-1, -2))
+    dB = torch.matmul(heads_as_columns(xv * coef[..., None]), dS.transpose(-1, -2))
     dx = BdS.mul_(coef[..., None])
     return dx, ds, da_state, ddt, dB, dC, dstate_in
 
 
-def bwd_block(x, dt, A, B, C, D, Q: int, entering: Tensor, dy: Tensor, dstate: Tensor | None,
+def backward_block(x, dt, A, B, C, D, Q: int, entering: Tensor, dy: Tensor, dstate: Tensor | None,
               grads: dict, index: tuple) -> Tensor:
     """Backward of one forward block; writes the block's gradients into ``grads``.
 
@@ -118,7 +119,7 @@ def bwd_block(x, dt, A, B, C, D, Q: int, entering: Tensor, dy: Tensor, dstate: T
     Returns:
         Tensor: (b, g, n, r*p) gradient w.r.t. the state entering the block.
     """
-    xv, dtv, acs, Bg, Cg = _prep(x, dt, A, B, C, Q)
+    xv, dtv, acs, Bg, Cg = chunk_views(x, dt, A, B, C, Q)
     dyv = dy.reshape(xv.shape)
     dx1, da1, ddt1, dB1, dC1, dD = _bwd_intra(xv, dyv, acs, dtv, Bg, Cg)
     dx2, ds2, da2, ddt2, dB2, dC2, dstate_in = _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering,

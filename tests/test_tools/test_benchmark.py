@@ -23,23 +23,27 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'with_cp=False chunk_size=default' in capsys.readouterr().out)
+            'quadratic=True with_cp=False keep_freed_memory=False chunk_size=default'
+            in capsys.readouterr().out)
 
 
 def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
         tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--no-recompute-merge', '--with-cp', '--chunk-size', '64']))
+                         '--no-recompute-merge', '--no-quadratic', '--with-cp', '--chunk-size',
+                         '64']))
+    assert opts['variant'] == dict(fused_conv=False, fused_merge=False, recompute_conv=False,
+                                   recompute_merge=False, quadratic_max_len=0)
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
-    assert not mixer.fused_conv and not mixer.fused_merge and not mixer.recompute_conv
-    assert not mixer.recompute_merge and mixer.chunk_size == 64
+    assert mixer.chunk_size == 64
     assert model.with_cp
-    model = tool._build('dinovim-t', 'cpu', tool.build_options(tool.parse_args([])))
+    defaults = tool.build_options(tool.parse_args([]))
+    assert defaults['variant'] == {}
+    model = tool._build('dinovim-t', 'cpu', defaults)
     mixer = model.layers[0].mixer
-    assert mixer.fused_conv and mixer.fused_merge and mixer.recompute_conv
-    assert mixer.recompute_merge and mixer.chunk_size == 256
+    assert mixer.fast_path and mixer.chunk_size == 256
     assert not model.with_cp
     assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
 
@@ -49,7 +53,7 @@ def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):
     _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
                   '--profile', 'dinovim-t', '32', 'fwd+bwd', '--trace', str(trace)])
     table = capsys.readouterr().out
-    assert 'Self CPU' in table and '_ChunkedSSDBackward' in table  # the scan's backward ran
+    assert 'Self CPU' in table and '_BidirInnerBackward' in table  # the scan's backward ran
     assert json.loads(trace.read_text())['traceEvents']
     with pytest.raises(SystemExit, match='mode'):
         _tool().main(['--device', 'cpu', '--profile', 'dinovim-t', '32', 'bwd'])

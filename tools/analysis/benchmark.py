@@ -9,9 +9,17 @@ was allocated before the first step (the whole peak is printed as ``total MiB``)
 resident set size minus the resident size before the first step (each CPU case runs in its own
 process, so the peak is its own).
 
+Modes: ``fwd`` (inference), ``fwd+bwd``, ``train`` (plus an AdamW step) and ``dino``: the
+training step of DINO on CPU, a teacher forward (no gradients) of the batch (the global crops)
+and a student forward and backward of it and of twice as many crops of half the size (the local
+crops); its img/s counts global crops. ``--batch 64 --res 64`` with the ``-demo`` models is the
+step of the CPU demo (batch 32 x 2 global crops of 64 px, 4 local crops of 32 px).
+
 Example::
 
     python tools/analysis/benchmark.py --device cpu --archs vit-s dinovim-t --res 224 --batch 2
+    python tools/analysis/benchmark.py --device cpu --archs dinovim-demo --res 64 --batch 64 \
+        --modes fwd+bwd dino     # the demo's model, compared with a ViT of equal width / depth
     python tools/analysis/benchmark.py --device cuda --res 224 512 1024 --batch 8 --amp
     python tools/analysis/benchmark.py --device cuda --amp --batch 64 --iters 3 \
         --profile dinovim-b 224 train --trace dinovim-b.json     # where does the time go?
@@ -28,40 +36,58 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS as ARCHS  # noqa: E402
+from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS  # noqa: E402
 
+ARCHS = {
+    **BACKBONE_PRESETS,
+    # the CPU demo's DinoVim (64 wide, 4 layers, patch 8) and a ViT of equal width and depth
+    'vit-demo': dict(type='ViT', arch=dict(embed_dims=64, num_layers=4, num_heads=4),
+                     img_size=64, patch_size=8),
+    'dinovim-demo': dict(type='DinoVim', arch=dict(embed_dims=64, num_layers=4),
+                         mixer_cfg=dict(d_state=16, headdim=16), img_size=64, patch_size=8),
+}
 #: the models measured when --archs is not given
 DEFAULT_ARCHS = ('vit-s', 'vit-b', 'linearvit-b', 'dinovim-t', 'dinovim-s', 'dinovim-b',
                  'mambareg-b', 'mila-t', 'mila-s', 'mila-b')
-# fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step.
-MODES = ('fwd', 'fwd+bwd', 'train')
+# fwd: inference; fwd+bwd: forward and backward; train: forward, backward and an AdamW step;
+# dino: DINO's step (see the module docstring).
+MODES = ('fwd', 'fwd+bwd', 'train', 'dino')
 
 
 def reference_of(name: str, ref: str | None = None) -> str:
-    """The model ``name`` is compared with: ``ref`` if given, else the ViT of its size letter
-    (``t`` compared with ViT-S)."""
+    """The model ``name`` is compared with: ``ref`` if given, else the ViT of its size (``t``
+    compared with ViT-S, ``-demo`` with the demo-sized ViT)."""
     if ref:
         return ref
+    if name.endswith('-demo'):
+        return 'vit-demo'
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-# BiSSD switches of the CUDA path, each with a --no-<switch> flag for A/B runs (CPU: no effect)
-MIXER_SWITCHES = {
-    'fused_conv': 'the flip/cat/conv composition instead of our fused bidirectional conv kernel',
-    'fused_merge': 'flip + two gated RMSNorms + average as separate ops instead of our fused '
-                   'merge kernel',
-    'recompute_conv': 'keep the conv output for the backward pass instead of recomputing it',
-    'recompute_merge': 'keep the merged output for out_proj instead of recomputing it',
+# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant), each with a --no-<switch>
+# flag for A/B runs; the CUDA ones do not change a CPU run
+FAST_PATH_SWITCHES = {
+    'fused_conv': 'CUDA: the flip/cat/conv composition instead of our fused bidirectional conv '
+                  'kernel',
+    'fused_merge': 'CUDA: flip + two gated RMSNorms + average as separate ops instead of our '
+                   'fused merge kernel',
+    'recompute_conv': 'CUDA: keep the conv output for the backward pass instead of recomputing '
+                      'it',
+    'recompute_merge': 'CUDA: keep the merged output for out_proj instead of recomputing it',
+    'quadratic': 'CPU: separate ops and the chunked scan instead of one function with the '
+                 'quadratic scan',
 }
 
 
 def build_options(args) -> dict:
-    """Backbone options from the command line: ``mixer`` (overrides of the Mamba mixers'
-    switches and chunk size) and ``with_cp`` (activation checkpointing per block)."""
-    mixer = {name: False for name in MIXER_SWITCHES if getattr(args, f'no_{name}')}
-    if args.chunk_size:
-        mixer['chunk_size'] = args.chunk_size
-    return dict(mixer=mixer, with_cp=args.with_cp)
+    """Backbone options from the command line: ``variant`` (the fast-path pieces switched off,
+    keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the Mamba mixers' chunk
+    size) and ``with_cp`` (activation checkpointing per block)."""
+    variant = {name: False for name in FAST_PATH_SWITCHES if getattr(args, f'no_{name}')}
+    if variant.pop('quadratic', None) is False:
+        variant['quadratic_max_len'] = 0
+    mixer = dict(chunk_size=args.chunk_size) if args.chunk_size else {}
+    return dict(variant=variant, mixer=mixer, with_cp=args.with_cp)
 
 
 def _build(name: str, device: str, options: dict | None = None):
@@ -69,7 +95,7 @@ def _build(name: str, device: str, options: dict | None = None):
     options = options or {}
     cfg = dict(ARCHS[name])
     if options.get('mixer') and cfg['type'] in ('DinoVim', 'MambaReg'):
-        cfg['mixer_cfg'] = dict(options['mixer'])
+        cfg['mixer_cfg'] = {**cfg.get('mixer_cfg', {}), **options['mixer']}
     if options.get('with_cp'):
         cfg['with_cp'] = True
     return getattr(backbones, cfg.pop('type'))(**cfg, drop_path_rate=0.).to(device)
@@ -80,14 +106,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _outputs(model, x) -> list:
+    out = model(x)
+    return [out] if torch.is_tensor(out) else list(out)
+
+
 def _step(model, x, mode: str, amp: bool, optim=None) -> None:
+    """One step on ``x`` (the global crops and, in 'dino' mode, the local ones)."""
+    x, local = (x, None) if torch.is_tensor(x) else x
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if mode == 'fwd':
+        if mode in ('fwd', 'dino'):
             with torch.no_grad():
-                model(x)
-            return
-        out = model(x)
-    out = (out, ) if torch.is_tensor(out) else out
+                model(x)  # inference / the teacher
+            if mode == 'fwd':
+                return
+        out = _outputs(model, x) + (_outputs(model, local) if mode == 'dino' else [])
     sum(o.float().sum() for o in out).backward()
     if optim is not None:
         optim.step()
@@ -108,23 +141,29 @@ def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_mode
     if compile_model:  # torch.compile the glue around the kernels
         model = torch.compile(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6) if mode == 'train' else None
-    return model, optim, torch.randn(batch, 3, res, res, device=device)
+    x = torch.randn(batch, 3, res, res, device=device)
+    if mode == 'dino':
+        x = (x, torch.randn(2 * batch, 3, res // 2, res // 2, device=device))
+    return model, optim, x
 
 
 def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int, warmup: int,
             amp: bool, compile_model: bool = False, options: dict | None = None) -> dict:
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M).
     ``options``: see :func:`build_options`."""
+    from mmdinomamba.ops import fast_path_variant
     model, optim, x = _setup(name, res, mode, batch, device, compile_model, options)
-    return time_steps(model, optim, x, mode, device, iters, warmup, amp)
+    with fast_path_variant(**(options or {}).get('variant', {})):
+        return time_steps(model, optim, x, mode, device, iters, warmup, amp)
 
 
 def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
                amp: bool) -> dict:
     """img/s (median step time), peak memory (MiB) beyond what was allocated before the first
     step, and params (M) of ``model`` on input ``x`` (any model whose output is a tensor or a
-    tuple of tensors; ``optim`` only in 'train' mode)."""
-    batch = x.shape[0]
+    tuple of tensors; ``optim`` only in 'train' mode; a pair of global and local crops in 'dino'
+    mode, whose img/s counts the global crops)."""
+    batch = (x if torch.is_tensor(x) else x[0]).shape[0]
     _sync(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
@@ -161,17 +200,20 @@ def profile(args, rows: int = 25) -> str:
     name, res, mode = args.profile[0], int(args.profile[1]), args.profile[2]
     if mode not in MODES:
         raise SystemExit(f'--profile: mode {mode!r} is not one of {MODES}')
+    from mmdinomamba.ops import fast_path_variant
+    options = build_options(args)
     model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
-                             build_options(args))
-    for _ in range(args.warmup):
-        _step(model, x, mode, args.amp, optim)
-    _sync(args.device)
+                             options)
     cuda = args.device.startswith('cuda')
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
-        for _ in range(args.iters):
+    with fast_path_variant(**options['variant']):
+        for _ in range(args.warmup):
             _step(model, x, mode, args.amp, optim)
         _sync(args.device)
+        with torch_profile(activities=activities) as prof:
+            for _ in range(args.iters):
+                _step(model, x, mode, args.amp, optim)
+            _sync(args.device)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
@@ -202,7 +244,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in [f'no_{name}' for name in MIXER_SWITCHES] + ['with_cp']:
+    for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp', 'keep_freed_memory']:
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -235,13 +277,13 @@ def run(args) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     """Rows as a text table; ``peak MiB`` is the growth during the steps, ``total MiB`` (CUDA
     only) the whole peak allocation including the model and input."""
-    head = (f'{"arch":<12}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
-            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>8}{"speed/ref":>11}{"mem/ref":>9}')
+    head = (f'{"arch":<13}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
+            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>10}{"speed/ref":>11}{"mem/ref":>9}')
     lines = [head, '-' * len(head)]
     for r in rows:
-        lines.append(f'{r["arch"]:<12}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
+        lines.append(f'{r["arch"]:<13}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
                      f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}'
-                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>8}'
+                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>10}'
                      f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
     return '\n'.join(lines)
 
@@ -259,12 +301,15 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    for name, what in MIXER_SWITCHES.items():
+    for name, what in FAST_PATH_SWITCHES.items():
         parser.add_argument(f'--no-{name.replace("_", "-")}', action='store_true',
-                            help=f'DinoVim/MambaReg: {what} (CUDA A/B; CPU is unaffected)')
+                            help=f'DinoVim/MambaReg: {what}')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help='CPU: let glibc keep freed blocks for reuse '
+                        '(mmdinomamba.ops.keep_freed_cpu_memory) in every measured process')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--ref', choices=list(ARCHS),
@@ -281,6 +326,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.keep_freed_memory and (args.one or args.profile):
+        from mmdinomamba.ops import keep_freed_cpu_memory
+        keep_freed_cpu_memory()
     if args.profile:
         print(profile(args))
         return
@@ -292,8 +340,9 @@ def main(argv=None) -> None:
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} amp={args.amp} '
           f'compile={args.compile} '
-          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in MIXER_SWITCHES) +
-          f'with_cp={args.with_cp} chunk_size={args.chunk_size or "default"} '
+          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in FAST_PATH_SWITCHES) +
+          f'with_cp={args.with_cp} keep_freed_memory={args.keep_freed_memory} '
+          f'chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')
     print(format_table(rows))
     if args.json:

@@ -102,7 +102,7 @@ def timeit(fn, repeats=20):
 
 def timings(quick):
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import ssd_scan
+    from mmdinomamba.ops import fast_path_variant, ssd_scan
     cases = [(64, 197, 48), (4, 4097, 48)] if not quick else [(8, 197, 16)]
     for batch, length, heads in cases:
         args = [
@@ -124,23 +124,22 @@ def timings(quick):
         (True, True, False, True, False), (True, False, False, False, False),
         (False, True, True, False, False))
     for single, conv, merge, recompute, recompute_merge in variants:
-        m.single_scan, m.fused_conv, m.fused_merge = single, conv, merge
-        m.recompute_conv, m.recompute_merge = recompute, recompute_merge
 
         def step():
             with torch.autocast('cuda', dtype=torch.bfloat16):
                 m(x).float().sum().backward()
 
-        ms = timeit(step)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        with fast_path_variant(single_scan=single, fused_conv=conv, fused_merge=merge,
+                               recompute_conv=recompute, recompute_merge=recompute_merge):
+            ms = timeit(step)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
               f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute} '
               f'recompute_merge={recompute_merge}: '
               f'{ms:8.2f} ms, peak {peak:7.1f} MiB')
-    m.single_scan = m.fused_conv = m.fused_merge = m.recompute_conv = m.recompute_merge = True
     for chunk in (64, 128, 256):
         m.chunk_size = chunk
 

@@ -60,20 +60,23 @@ class TokenLayout:
 
 
 def _patches_around(length: int, special: list[int]) -> Tensor:
-    keep = torch.ones(length, dtype=torch.bool)
-    keep[special] = False
+    """Positions ``0..length-1`` without ``special``. The positions index as one long tensor:
+    a list index holding 0-dim tensors (e.g. grid sizes from traced shapes) would be read as a
+    multidimensional index (deprecated in torch)."""
+    keep = torch.ones(int(length), dtype=torch.bool)
+    keep[torch.tensor([int(i) for i in special], dtype=torch.long)] = False
     return keep.nonzero().flatten()
 
 
 def front_cls_layout(h: int, w: int) -> TokenLayout:
     """ViT: ``[cls, p_0, ..., p_{N-1}]``, L = N + 1."""
-    n = h * w
+    n = int(h) * int(w)
     return TokenLayout(n + 1, 0, patch_index=torch.arange(1, n + 1))
 
 
 def middle_cls_layout(h: int, w: int) -> TokenLayout:
     """Vim-style single middle cls: ``[p_0..p_{N//2-1}, cls, p_{N//2}..]``, L = N + 1."""
-    n = h * w
+    n = int(h) * int(w)
     return TokenLayout(n + 1, n // 2, patch_index=_patches_around(n + 1, [n // 2]))
 
 
@@ -84,7 +87,7 @@ def legacy_dinomamba_layout(h: int, w: int) -> TokenLayout:
     ``M // 2``: position 0 is the front cls (an ``extra`` token), ``M // 2`` the output cls.
     For 14x14 patches: front cls 0, patches 1..97, cls 98, patches 99..197.
     """
-    n = h * w
+    n = int(h) * int(w)
     mid = (n + 1) // 2
     return TokenLayout(n + 2, mid, patch_index=_patches_around(n + 2, [0, mid]),
                        extra_index=torch.tensor([0]))
@@ -97,7 +100,7 @@ def register_layout(h: int, w: int, num_registers: int) -> TokenLayout:
     the remaining patches. Register positions ``k, 2k + 1, ...`` (15, 31, ..., 191 for 14x14
     patches and 12 registers).
     """
-    n = h * w
+    n = int(h) * int(w)
     k = n // (num_registers + 1)
     reg = torch.arange(num_registers) * (k + 1) + k
     return TokenLayout(n + num_registers, None, register_index=reg,

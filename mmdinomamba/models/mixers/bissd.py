@@ -13,11 +13,14 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from mmdinomamba.ops import (_triton, bidir_causal_conv1d, bidir_conv_scan, bidir_gated_merge,
-                             gated_rms_norm, ssd_decay_matrix, ssd_mixing_matrix, ssd_scan)
+from mmdinomamba.ops import (SSD_BACKENDS, InnerDims, _triton, bidir_causal_conv1d,
+                             bidir_conv_scan, bidir_gated_merge, bidir_ssd_inner, current_variant,
+                             gated_rms_norm, quadratic_max_len, ssd_scan)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
+
+from .bissd_matrices import BiSSDMatrices
 
 __all__ = ['BiSSD', 'GatedRMSNorm']
 
@@ -47,16 +50,25 @@ def _dt_bias_init(nheads: int, dt_min: float, dt_max: float, floor: float) -> Te
 
 
 @MODELS.register_module()
-class BiSSD(BaseModule):
-    """Bidirectional Mamba-2 mixer: ``out_proj((y_fwd + flip(y_bwd)) / 2)``.
+class BiSSD(BiSSDMatrices, BaseModule):
+    """Bidirectional Mamba-2 mixer: ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)``.
 
     One shared ``in_proj`` (output order z, x, B, C, dt) and one shared ``out_proj``. The forward
     direction uses ``conv1d, dt_bias, A_log, D, norm``; the backward direction has its own
-    ``conv1d_b, dt_b_bias, A_log_b, D_b, norm_b`` and runs on the sequence-flipped projection.
-    Parameter names equal the official Dino-Mamba ``Mamba2`` (``bimamba_type='v2'``) keys, so
-    its checkpoints load without renaming. Both directions are always computed; on every
-    backend they run as ONE scan of ``2 * nheads`` heads (backward heads on the flipped
-    sequence, ``2 * ngroups`` groups), or as two scans with ``single_scan=False`` (same result).
+    ``conv1d_b, dt_b_bias, A_log_b, D_b, norm_b`` and scans the reversed sequence. Parameter names
+    equal the official Dino-Mamba ``Mamba2`` (``bimamba_type='v2'``) keys, so its checkpoints
+    load without renaming.
+
+    ``fast_path`` (like ``mamba_ssm``'s ``use_mem_eff_path``) picks how it is computed; both
+    give the same result up to rounding. On CUDA the fast path runs our fused Triton kernels
+    (both directions' conv + scan in one function that recomputes the conv in backward, un-flip +
+    both norms + average in one kernel) around ``mamba_ssm``'s scan; on CPU, for sequences up to
+    :func:`~mmdinomamba.ops.quadratic_max_len` tokens, everything between the projections is one
+    autograd function (:func:`~mmdinomamba.ops.bidir_ssd_inner`). ``fast_path=False`` is the
+    specification: flip / cat / depthwise conv, one SSD scan of both directions
+    (:func:`~mmdinomamba.ops.ssd_scan`), two gated RMSNorms. The pieces of the fast path are
+    switched for benchmarks by :func:`~mmdinomamba.ops.fast_path_variant`. The exact
+    per-direction maps are :meth:`mixing_matrices` (see :class:`BiSSDMatrices`).
 
     Args:
         embed_dims (int): token channels ``d_model``.
@@ -67,29 +79,16 @@ class BiSSD(BaseModule):
         ngroups (int): groups sharing B and C. Defaults to 1.
         A_init_range (tuple): ``A = -U(*A_init_range)`` at init. Defaults to (1, 16).
         dt_min, dt_max, dt_init_floor (float): dt bias init. Defaults to 1e-3, 0.1, 1e-4.
-        chunk_size (int): chunk size of the Triton scan. Defaults to 256.
+        chunk_size (int): chunk length of the Triton scan (CUDA); the portable scans choose
+            their own blocks. Defaults to 256.
         bias (bool): biases of in/out projections. Defaults to False.
         conv_bias (bool): conv biases. Defaults to True.
         rmsnorm (bool): gated RMSNorm per direction; False gates with ``silu(z)`` only.
             Defaults to True.
         norm_eps (float): RMSNorm epsilon. Defaults to 1e-5.
-        single_scan (bool): both directions in one scan call. Defaults to True.
-        fused_conv (bool): on CUDA, both directions' conv + SiLU in our fused Triton kernel
-            (:func:`~mmdinomamba.ops.bidir_causal_conv1d`); False keeps the flip / cat /
-            depthwise-conv composition (for A/B timing). Same result. Defaults to True.
-        fused_merge (bool): on CUDA, un-flip + both gated RMSNorms + average in our fused
-            Triton kernel (:func:`~mmdinomamba.ops.bidir_gated_merge`); False keeps the
-            flip / two norms / add composition (for A/B timing). Same result up to rounding.
-            Defaults to True.
-        recompute_conv (bool): on CUDA with ``fused_conv`` and ``single_scan``, the conv and
-            the scan of both directions run as one autograd function that recomputes the conv
-            in the backward pass instead of keeping its output
-            (:func:`~mmdinomamba.ops.bidir_conv_scan`; about a quarter less activation memory
-            per layer for one extra conv). Same result. Defaults to True.
-        recompute_merge (bool): on CUDA with ``fused_merge``, while training, recompute the
-            merged output in the backward pass instead of keeping it for ``out_proj`` (its
-            inputs are kept anyway; one extra merge kernel). Same result. Defaults to True.
-        backend (str): SSD backend (see :func:`mmdinomamba.ops.ssd_scan`). Defaults to 'auto'.
+        fast_path (bool): see above. Defaults to True.
+        backend (str): SSD backend of the scan (see :func:`mmdinomamba.ops.ssd_scan`); ``'ref'``
+            (the sequential recurrence) implies the specification. Defaults to 'auto'.
         num_heads (int, optional): if given, must equal the derived ``nheads`` (a check for
             generic backbone code). Defaults to None.
         init_cfg (dict, optional): mmengine init config. Defaults to None.
@@ -111,11 +110,7 @@ class BiSSD(BaseModule):
                  conv_bias: bool = True,
                  rmsnorm: bool = True,
                  norm_eps: float = 1e-5,
-                 single_scan: bool = True,
-                 fused_conv: bool = True,
-                 fused_merge: bool = True,
-                 recompute_conv: bool = True,
-                 recompute_merge: bool = True,
+                 fast_path: bool = True,
                  backend: str = 'auto',
                  num_heads: int | None = None,
                  init_cfg=None):
@@ -127,13 +122,14 @@ class BiSSD(BaseModule):
         if num_heads is not None and num_heads != d_inner // headdim:
             raise ValueError(f'num_heads={num_heads} does not match expand*embed_dims/headdim '
                              f'= {d_inner // headdim} for BiSSD')
+        if backend not in SSD_BACKENDS:
+            raise ValueError(f'backend must be one of {SSD_BACKENDS}, got {backend!r}')
         self.embed_dims, self.d_inner, self.d_state = embed_dims, d_inner, d_state
         self.headdim, self.ngroups, self.num_heads = headdim, ngroups, d_inner // headdim
-        self.chunk_size, self.single_scan, self.backend = chunk_size, single_scan, backend
-        self.fused_conv, self.fused_merge = fused_conv, fused_merge
-        self.recompute_conv, self.recompute_merge = recompute_conv, recompute_merge
+        self.chunk_size, self.fast_path, self.backend = chunk_size, fast_path, backend
         self.rmsnorm = rmsnorm
-        h, conv_dim = self.num_heads, d_inner + 2 * ngroups * d_state
+        self.dims = InnerDims(d_inner, ngroups, d_state, headdim, d_conv, norm_eps)
+        h, conv_dim = self.num_heads, self.dims.conv_dim
         self.in_proj = nn.Linear(embed_dims, 2 * d_inner + 2 * ngroups * d_state + h, bias=bias)
         self.out_proj = nn.Linear(d_inner, embed_dims, bias=bias)
         for suffix in ('', '_b'):
@@ -154,10 +150,14 @@ class BiSSD(BaseModule):
         for name in ('dt_bias', 'dt_b_bias', 'A_log', 'A_log_b', 'D', 'D_b'):
             getattr(self, name)._no_weight_decay = True
 
-    def _project(self, x: Tensor):
-        """in_proj -> z (B, L, d_inner), xBC (B, L, conv_dim), dt (B, L, nheads)."""
-        conv_dim = self.d_inner + 2 * self.ngroups * self.d_state
-        return self.in_proj(x).split([self.d_inner, conv_dim, self.num_heads], dim=-1)
+    # ---- parameters of both directions ------------------------------------------------------
+    def _split(self, proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """in_proj output -> z (B, L, d_inner), xBC (B, L, conv_dim), dt (B, L, nheads)."""
+        return proj.split([self.d_inner, self.dims.conv_dim, self.num_heads], dim=-1)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """in_proj -> z, xBC, dt (see :meth:`_split`)."""
+        return self._split(self.in_proj(x))
 
     def _conv_params(self):
         """Filters (2, conv_dim, K) and biases (2, conv_dim) (or None) of the two directions."""
@@ -179,6 +179,43 @@ class BiSSD(BaseModule):
         return (torch.cat([dt, dt.flip(1)], dim=-1), torch.cat([self.dt_bias, self.dt_b_bias]),
                 A, torch.cat([self.D, self.D_b]))
 
+    # ---- forward ------------------------------------------------------------------------------
+    def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
+        """Mix tokens ``x`` (B, L, C) -> (B, L, C). ``hw`` is unused (1-D scan over L)."""
+        proj = self.in_proj(x)
+        if self.fast_path and self.backend != 'ref':
+            if _triton.on_kernel_device(proj):
+                return self._forward_kernels(proj)
+            if (self.backend != 'triton'
+                    and proj.shape[1] <= quadratic_max_len(self.headdim, self.d_state)):
+                return self.out_proj(self._inner(proj))
+        z, xBC, dt = self._split(proj)
+        return self._merge_out(self._scan(*self._scan_inputs(xBC, dt)).flatten(2), z)
+
+    def _inner(self, proj: Tensor) -> Tensor:
+        """CPU fast path: :func:`~mmdinomamba.ops.bidir_ssd_inner` of the projection."""
+        norm = torch.stack([self.norm.weight, self.norm_b.weight]) if self.rmsnorm else None
+        return bidir_ssd_inner(proj, *self._conv_params(),
+                               torch.stack([self.dt_bias, self.dt_b_bias]),
+                               -torch.exp(torch.stack([self.A_log, self.A_log_b])),
+                               torch.stack([self.D, self.D_b]), norm, self.dims)
+
+    def _forward_kernels(self, proj: Tensor) -> Tensor:
+        """CUDA fast path (the pieces as chosen by :func:`~mmdinomamba.ops.fast_path_variant`)."""
+        v = current_variant()
+        z, xBC, dt = self._split(proj)
+        if v.fused_conv and v.single_scan and v.recompute_conv:
+            y = bidir_conv_scan(xBC, *self._conv_params(), *self._direction_params(dt),
+                                self._splits(), self.headdim, self.d_state, self.chunk_size,
+                                self.backend)
+        else:
+            y = self._scan(*self._scan_inputs(xBC, dt))  # backward heads in flipped order
+        y = y.flatten(2)
+        if v.fused_merge and v.recompute_merge and torch.is_grad_enabled():
+            # keep y and z (kept by the scan and the conv anyway), not the merged output
+            return checkpoint(self._merge_out, y, z, True, use_reentrant=False)
+        return self._merge_out(y, z)
+
     def _scan_inputs(self, xBC: Tensor, dt: Tensor):
         """Both directions as one SSD problem of 2*nheads heads and 2*ngroups groups.
 
@@ -187,7 +224,8 @@ class BiSSD(BaseModule):
         softplus, ``A`` (2h,), ``B``, ``C`` (B, L, 2g, n) and ``D`` (2h,).
         """
         # channels [x_f, x_b, B_f, B_b, C_f, C_b], backward parts in flipped time order
-        conv_fn = bidir_causal_conv1d if self.fused_conv else bidir_causal_conv1d_portable
+        fused = self.fast_path and current_variant().fused_conv
+        conv_fn = bidir_causal_conv1d if fused else bidir_causal_conv1d_portable
         dt, dt_bias, A, D = self._direction_params(dt)
         u, dt, Bm, Cm = conv_scan_inputs(xBC, *self._conv_params(), dt, dt_bias, self._splits(),
                                          self.headdim, self.d_state, conv_fn)
@@ -196,7 +234,7 @@ class BiSSD(BaseModule):
     def _scan(self, u, dt, A, Bm, Cm, D) -> Tensor:
         """(B, L, 2h, p) outputs of both directions, in one or two scan calls."""
         kw = dict(chunk_size=self.chunk_size, backend=self.backend)
-        if self.single_scan:
+        if current_variant().single_scan:
             return ssd_scan(u, dt, A, Bm, Cm, D, **kw)
         h, g = self.num_heads, self.ngroups
         return torch.cat([
@@ -205,95 +243,15 @@ class BiSSD(BaseModule):
         ],
                          dim=2)
 
-    def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
-        """Mix tokens ``x`` (B, L, C) -> (B, L, C). ``hw`` is unused (1-D scan over L)."""
-        z, xBC, dt = self._project(x)
-        if self.fused_conv and self.single_scan and self.recompute_conv:
-            y = bidir_conv_scan(xBC, *self._conv_params(), *self._direction_params(dt),
-                                self._splits(), self.headdim, self.d_state, self.chunk_size,
-                                self.backend)
-        else:
-            y = self._scan(*self._scan_inputs(xBC, dt))  # backward heads in flipped order
-        y = y.flatten(2)
-        if (self.fused_merge and self.recompute_merge and torch.is_grad_enabled()
-                and _triton.on_kernel_device(y)):
-            # keep y and z (kept by the scan and the conv anyway), not the merged output
-            return checkpoint(self._merge_out, y, z, use_reentrant=False)
-        return self._merge_out(y, z)
-
-    def _merge_out(self, y: Tensor, z: Tensor) -> Tensor:
-        """``out_proj`` of the merged directions (y (B, L, 2 d_inner), backward half flipped)."""
-        merge = bidir_gated_merge if self.fused_merge else bidir_gated_merge_portable
+    def _merge_out(self, y: Tensor, z: Tensor, fused: bool | None = None) -> Tensor:
+        """``out_proj`` of the merged directions (y (B, L, 2 d_inner), backward half flipped);
+        ``fused``: our merge kernel (default: as the fast path and its variant say)."""
+        if fused is None:
+            fused = self.fast_path and current_variant().fused_merge
+        merge = bidir_gated_merge if fused else bidir_gated_merge_portable
         if self.rmsnorm:  # (norm(y_f, z) + norm_b(flip(y_b), z)) / 2
             weight = torch.stack([self.norm.weight, self.norm_b.weight])
             mixed = merge(y, z, weight, self.norm.eps, self.norm.group_size)
         else:  # (y_f + flip(y_b)) / 2 * silu(z)
             mixed = merge(y, z, None)
         return self.out_proj(mixed)
-
-    def _problem(self, x: Tensor) -> tuple:
-        """``z`` and the scan problem of both directions for the analysis methods."""
-        z, xBC, dt = self._project(x)
-        return (z, ) + self._scan_inputs(xBC, dt)
-
-    @torch.no_grad()
-    def mixing_matrices(self, x: Tensor, hw: tuple[int, int] | None = None) -> dict:
-        """Each direction's matrix and the values it is applied to: the EXACT per-direction map.
-
-        Returns a dict (all in the ORIGINAL token order):
-
-        * ``forward``, ``backward``: (B, nheads, L, L) ``M`` of each direction including its
-          ``D`` on the diagonal; ``forward`` is lower and ``backward`` upper triangular;
-        * ``value_forward``, ``value_backward``: (B, L, nheads, headdim) the conv outputs each
-          direction scans (they differ: each direction has its own causal conv);
-        * ``gate``: (B, L, d_inner) ``z``.
-
-        Exactly (up to rounding): ``M_dir @ value_dir`` per head is that direction's scan
-        output before its gated RMSNorm, ``y_dir``; the mixer output is
-        ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)`` (with ``rmsnorm=False``:
-        ``out_proj((y_fwd + y_bwd) / 2 * silu(z))``).
-        """
-        z, u, dt, A, Bm, Cm, D = self._problem(x)
-        h, g = self.num_heads, self.ngroups
-        mats, ct = [], dt.dtype
-        for s, sg in ((slice(0, h), slice(0, g)), (slice(h, None), slice(g, None))):
-            M = ssd_mixing_matrix(dt[:, :, s], A[s], Bm[:, :, sg].to(ct), Cm[:, :, sg].to(ct))
-            mats.append(M + torch.diag_embed(D[s].to(ct)[:, None].expand(-1, M.shape[-1])))
-        return dict(
-            forward=mats[0],
-            backward=mats[1].flip(-1).flip(-2),
-            value_forward=u[:, :, :h],
-            value_backward=u[:, :, h:].flip(1),
-            gate=z)
-
-    @torch.no_grad()
-    def decay_masks(self, x: Tensor, hw: tuple[int, int] | None = None) -> dict:
-        """Each direction's decay mask ``L_M`` (Mamba-2's learnable causal mask), float64.
-
-        Returns:
-            dict: ``forward`` (B, nheads, L, L) lower triangular,
-            ``L[i, j] = exp(sum_{k=j+1..i} dt_k A)``, so that ``mixing_matrices(x)['forward']``
-            is ``L o (C B^T) o dt_j`` below the diagonal; ``backward`` the same for the backward
-            direction in the original token order (upper triangular). Ones on the diagonals.
-        """
-        _, _, dt, A = self._problem(x)[:4]
-        h = self.num_heads
-        return dict(forward=ssd_decay_matrix(dt[..., :h], A[:h]),
-                    backward=ssd_decay_matrix(dt[..., h:], A[h:]).flip(-1).flip(-2))
-
-    @torch.no_grad()
-    def mixing_matrix(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
-        """``M = (M_fwd + M_bwd) / 2`` (B, nheads, L, L): the two directions' matrices averaged.
-
-        This is the combined map that Binary-AUC and the rank analysis read for BiSSD (Mamba's
-        "hidden attention": the forward direction below the diagonal, the backward one above
-        it, the mean of both ``D``-augmented diagonals on it). It is NOT an exact map of the
-        mixer's input to its output: the two directions scan different values (each has its own
-        causal conv) and each direction's gated RMSNorm sits between its scan and the average,
-        so neither ``M @ value_forward`` nor any single ``M @ v`` reproduces the output in
-        general. It is exact only without the norm (``rmsnorm=False``) AND with equal values in
-        both directions, where ``out_proj((M @ v) * silu(z))`` is the output. The exact
-        per-direction maps are :meth:`mixing_matrices`.
-        """
-        mats = self.mixing_matrices(x, hw)
-        return (mats['forward'] + mats['backward']) / 2

@@ -62,6 +62,21 @@ def test_layout_is_a_permutation(make):
     assert torch.equal(order[layout.patch_index], torch.arange(35))
 
 
+@pytest.mark.parametrize('make', [front_cls_layout, middle_cls_layout, legacy_dinomamba_layout,
+                                  lambda h, w: register_layout(h, w, 3)])
+def test_grid_sizes_given_as_tensors_build_the_same_layout_without_warnings(make):
+    """0-dim tensors (e.g. sizes from traced shapes) index as positions: no deprecated
+    list-of-tensors indexing."""
+    import warnings
+    want = make(5, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        got = make(torch.tensor(5), torch.tensor(7))
+    assert got.length == want.length and got.cls_index == want.cls_index
+    for name in ('patch_index', 'register_index', 'extra_index'):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 def test_resize_pos_embed():
     pos = torch.randn(1, 16, 8)
     assert resize_pos_embed(pos, (4, 4), (4, 4)) is pos

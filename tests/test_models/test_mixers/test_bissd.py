@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import ssd_mixing_matrix
+from mmdinomamba.ops import fast_path_variant, ssd_mixing_matrix
 
 DIM, L = 32, 23
 TINY = dict(embed_dims=DIM, d_state=8, headdim=8, chunk_size=16)
@@ -65,11 +65,11 @@ def test_parameter_count_matches_official_formula(d_model, expected_layer, expec
 
 @pytest.mark.parametrize('backend', ['torch', 'ref'])
 def test_single_scan_equals_two_scans(backend):
-    m = _mixer(backend=backend)
+    m = _mixer(backend=backend, fast_path=False)
     x = torch.randn(2, L, DIM, dtype=torch.float64)
     y1 = m(x)
-    m.single_scan = False
-    torch.testing.assert_close(m(x), y1, rtol=1e-12, atol=1e-12)
+    with fast_path_variant(single_scan=False):
+        torch.testing.assert_close(m(x), y1, rtol=1e-12, atol=1e-12)
 
 
 def test_mixing_matrices_reproduce_each_direction():
@@ -187,9 +187,9 @@ def test_fused_kernel_switches_do_not_change_the_result(device, switch, rmsnorm)
     x = torch.randn(2, 37, 64, device=device)
     res = []
     for fused in (True, False):
-        setattr(m, switch, fused)
         m.zero_grad()
-        y = m(x)
+        with fast_path_variant(**{switch: fused}):
+            y = m(x)
         y.square().mean().backward()
         res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
     for a, b in zip(*res):
@@ -200,6 +200,7 @@ _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
+    from mmdinomamba.ops import fast_path_variant
     print('KERNELS', kernel_interpreter.route(mamba=False))
     calls = kernel_interpreter.count_calls('bidir_conv', 'bidir_merge')
     torch.manual_seed(0)
@@ -209,9 +210,9 @@ _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
         x = torch.randn(2, 23, 64)
         res = []
         for fused in (True, False):
-            m.fused_conv = m.fused_merge = fused
             m.zero_grad()
-            y = m(x)
+            with fast_path_variant(fused_conv=fused, fused_merge=fused):
+                y = m(x)
             y.square().mean().backward()
             res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
         for a, b in zip(*res):
@@ -238,7 +239,7 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import portable_ops
+    from mmdinomamba.ops import fast_path_variant, portable_ops
     from repo_files import load_file
     print('KERNELS', kernel_interpreter.route())
     saved_bytes = load_file('tools/gpu/saved_activations.py').saved_bytes
@@ -248,11 +249,11 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     x = torch.randn(1, 21, 64, requires_grad=True)
     res, mem = [], {}
     for mode in ('recompute', 'keep', 'portable'):
-        m.recompute_conv = mode == 'recompute'
         m.zero_grad()
         x.grad = None
         out = {}
-        with portable_ops() if mode == 'portable' else contextlib.nullcontext():
+        with portable_ops() if mode == 'portable' else contextlib.nullcontext(), \
+                fast_path_variant(recompute_conv=mode == 'recompute'):
             mem[mode] = saved_bytes(lambda: out.update(y=m(x)))
             out['y'].square().mean().backward()
         y = out['y']
@@ -281,8 +282,9 @@ def test_conv_recomputation_keeps_less_and_computes_the_same(run_interpreted):
 @pytest.mark.parametrize('single_scan', [True, False])
 def test_each_direction_is_exact_against_the_forward_pass(single_scan):
     """``M_dir @ value_dir`` equals the scan output that ``forward`` itself feeds into the gated
-    norms (captured at the merge), per direction; the public API needs no private method."""
-    m = _mixer(single_scan=single_scan)
+    norms (captured at the merge of the specification, ``fast_path=False``), per direction; the
+    public API needs no private method."""
+    m = _mixer(fast_path=False)
     x = torch.randn(2, L, DIM, dtype=torch.float64)
     seen = {}
     merge = m._merge_out
@@ -292,7 +294,8 @@ def test_each_direction_is_exact_against_the_forward_pass(single_scan):
         return merge(y, z)
 
     m._merge_out = capture
-    out = m(x)
+    with fast_path_variant(single_scan=single_scan):
+        out = m(x)
     mats = m.mixing_matrices(x)
     h, p = m.num_heads, m.headdim
     y = seen['y'].reshape(2, L, 2 * h, p)  # backward heads in flipped token order

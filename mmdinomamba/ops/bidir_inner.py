@@ -1,0 +1,240 @@
+"""The inside of a bidirectional Mamba-2 mixer on CPU, as one autograd function.
+
+From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj``: both
+directions' causal conv + SiLU (:mod:`.shift_conv`), both directions' SSD scan in the
+quadratic form (:mod:`.ssd_quadratic`), each direction's gated RMSNorm and their average.
+Everything runs channel-major in the original token order (the backward direction is
+anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
+pass is written by hand: it keeps only the projection and recomputes the rest (the matrices of
+the scan are cheaper to rebuild than to keep).
+
+The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
+:func:`~mmdinomamba.ops.ssd_scan` and :func:`~mmdinomamba.ops.bidir_gated_merge`
+(``BiSSD(fast_path=False)``); the tests compare outputs and every gradient.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
+from .ssd_quadratic import ScanState, scan_backward, scan_forward
+
+__all__ = ['InnerDims', 'bidir_ssd_inner']
+
+_SLICE_FLOATS = 1 << 20
+
+
+@dataclass(frozen=True)
+class InnerDims:
+    """Sizes of a bidirectional mixer: ``d_inner``, ``ngroups``, ``d_state``, ``headdim``,
+    the conv ``kernel`` and the RMSNorm ``eps``."""
+    d_inner: int
+    ngroups: int
+    d_state: int
+    headdim: int
+    kernel: int
+    eps: float = 1e-5
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.ngroups * self.d_state
+
+    @property
+    def nheads(self) -> int:
+        return self.d_inner // self.headdim
+
+
+def _channel_major(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """(b, L, c) (any strides) -> contiguous (b, c, L) in ``dtype``."""
+    out = t.new_empty(t.shape[0], t.shape[2], t.shape[1], dtype=dtype)
+    return out.copy_(t.transpose(1, 2))
+
+
+def softplus(x: Tensor) -> Tensor:
+    """``F.softplus`` (beta 1, threshold 20) with ``log1p(u) = log(w) u / (w - 1)``, ``w = 1 +
+    u`` (exact to rounding; CPU ``log1p`` kernels can be 20x slower than ``log``)."""
+    u = torch.exp(x.clamp(max=20.))
+    w = 1 + u
+    d = w - 1
+    out = torch.where(d == 0, u, torch.log(w).mul_(u / d))
+    return torch.where(x > 20., x, out)
+
+
+def _dt(proj: Tensor, dt_bias: Tensor, dims: InnerDims, dtype: torch.dtype) -> Tensor:
+    """``dt + dt_bias`` (b, 2, h, L) of both directions before the softplus."""
+    dt_raw = _channel_major(proj[..., dims.d_inner + dims.conv_dim:], dtype)
+    return dt_raw.unsqueeze(1) + dt_bias.to(dtype)[..., None]
+
+
+def _split_conv(act: Tensor, dims: InnerDims) -> tuple[Tensor, Tensor, Tensor]:
+    """``u`` (b, 2, h, p, L), ``B`` and ``C`` (b, 2, g, n, L): views of the conv output."""
+    d, gn = dims.d_inner, dims.ngroups * dims.d_state
+    return (act[:, :, :d].unflatten(2, (-1, dims.headdim)),
+            act[:, :, d:d + gn].unflatten(2, (dims.ngroups, -1)),
+            act[:, :, d + gn:].unflatten(2, (dims.ngroups, -1)))
+
+
+def _norms(y: Tensor, gate: Tensor, groups: int, eps: float) -> tuple[Tensor, Tensor]:
+    """Gated RMSNorm of both directions without the weight: ``n`` (b, 2, g, d/g, L) and
+    ``rstd`` (b, 2, g, 1, L)."""
+    h = (y * gate.unsqueeze(1)).unflatten(2, (groups, -1))
+    ms = (h * h).mean(-2, keepdim=True)
+    rstd = ms.add_(eps).rsqrt_()
+    return h.mul_(rstd), rstd
+
+
+def merge_forward(y: Tensor, gate: Tensor, weight: Tensor | None, dims: InnerDims,
+                  out: Tensor) -> Tensor:
+    """``(norm(y_f) w_f + norm(y_b) w_b) / 2`` (or ``(y_f + y_b) / 2 * gate`` without weight)
+    of ``y`` (b, 2, d, L) written into ``out`` (b, d, L) (e.g. a transposed view)."""
+    if weight is None:
+        return torch.add(y[:, 0], y[:, 1], out=out).mul_(gate).mul_(0.5)
+    n = _norms(y, gate, dims.ngroups, dims.eps)[0].flatten(2, 3)
+    w = weight.to(y.dtype).mul(0.5)
+    torch.mul(n[:, 0], w[0, :, None], out=out)
+    return out.addcmul_(n[:, 1], w[1, :, None])
+
+
+def merge_backward(dm: Tensor, y: Tensor, gate: Tensor, weight: Tensor | None,
+                   dims: InnerDims) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L),
+    ``dgate`` (b, d, L) and ``dweight`` (2, d) or None."""
+    if weight is None:
+        half = dm * gate * 0.5
+        return half.unsqueeze(1).expand_as(y), (y[:, 0] + y[:, 1]).mul_(dm).mul_(0.5), None
+    n, rstd = _norms(y, gate, dims.ngroups, dims.eps)
+    nf = n.flatten(2, 3)
+    dweight = (nf * dm.unsqueeze(1)).sum((0, 3)).mul_(0.5)
+    dn = dm.unsqueeze(1) * weight.to(y.dtype).mul(0.5)[..., None]  # (b, 2, d, L)
+    dng = dn.unflatten(2, (dims.ngroups, -1))
+    mean = (dng * n).mean(-2, keepdim=True)
+    dh = dng.addcmul_(n, mean, value=-1).mul_(rstd).flatten(2, 3)
+    dgate = (dh * y).sum(1)
+    return dh.mul_(gate.unsqueeze(1)), dgate, dweight.to(weight.dtype)
+
+
+def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
+                   dims: InnerDims) -> tuple[Tensor, list]:
+    """Mixed output (b, L, d) in the compute dtype and what the backward pass needs."""
+    ct = torch.promote_types(proj.dtype, torch.float32)
+    xp, pre = _conv(proj, conv_weight, conv_bias, dims, ct)
+    u, Bm, Cm = _split_conv(F.silu(pre), dims)
+    dt = softplus(_dt(proj, dt_bias, dims, ct))
+    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
+    gate = F.silu(_channel_major(proj[..., :dims.d_inner], ct))
+    out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
+    merge_forward(y.flatten(2, 3), gate, norm_weight, dims, out.transpose(1, 2))
+    # keep the scan's (b, R, g, r p, L) product and its small state; the conv is recomputed
+    return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
+                 st.y_wide]
+
+
+def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
+          dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Padded channel-major conv input ``xp`` and both directions' pre-activations."""
+    xp = pad_channel_major(proj[..., dims.d_inner:dims.d_inner + dims.conv_dim], dims.kernel,
+                           dtype)
+    return xp, bidir_conv_forward(xp, conv_weight.to(dtype),
+                                  None if conv_bias is None else conv_bias.to(dtype))
+
+
+def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: InnerDims,
+                    dproj: Tensor) -> list:
+    """Gradients of one batch slice: writes ``dproj`` (like ``proj``) and returns those of the
+    parameters ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` (float, or None)."""
+    conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
+    dt, *st = kept
+    st = ScanState(*st)
+    ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
+    xp, pre = _conv(proj, conv_weight, conv_bias, dims, ct)
+    u, Bm, Cm = _split_conv(F.silu(pre), dims)
+    y = st.output(u).flatten(2, 3)
+    z = _channel_major(proj[..., :d], ct)
+    dy, dgate, dnorm = merge_backward(_channel_major(dout, ct), y, F.silu(z), norm_weight, dims)
+    du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
+                                            A.to(ct), Bm, Cm, st, True)
+    dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
+    dx, dweight, dbias = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp,
+                                             conv_weight, conv_bias is not None)
+    ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
+    dproj[..., :d].copy_(torch.ops.aten.silu_backward(dgate, z).transpose(1, 2))
+    dproj[..., d:d + c].copy_(dx.transpose(1, 2))
+    dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
+    return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
+
+
+def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:
+    """Batch slices of about ``_SLICE_FLOATS`` conv outputs each: the (b, 2, C, L) temporaries
+    of a slice stay in cache, and elementwise work on CPU is bound by memory traffic."""
+    batch, length = proj.shape[:2]
+    step = max(1, _SLICE_FLOATS // (2 * dims.conv_dim * length))
+    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
+
+
+class _BidirInner(torch.autograd.Function):
+    """:func:`bidir_ssd_inner` with a hand-written backward pass, slice by slice of the batch."""
+
+    @staticmethod
+    def forward(ctx, proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, dims):
+        params = [conv_weight, conv_bias, dt_bias, A, D, norm_weight]
+        out = proj.new_empty(*proj.shape[:2], dims.d_inner)
+        slices, kept = _batch_slices(proj, dims), []
+        for sl in slices:
+            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims)
+            out[sl] = out_sl
+            kept += kept_sl
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(proj, *params, *kept)
+        ctx.dims, ctx.slices = dims, slices
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        saved = ctx.saved_tensors  # once: checkpointing unpacks each saved tensor only once
+        proj, params, kept = saved[0], saved[1:7], saved[7:]
+        per = len(kept) // len(ctx.slices)
+        dproj, total = torch.empty_like(proj), None
+        with torch.autocast(device_type=proj.device.type, enabled=False):
+            for i, sl in enumerate(ctx.slices):
+                grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
+                                        ctx.dims, dproj[sl])
+                total = grads if total is None else [
+                    None if t is None else t + g for t, g in zip(total, grads)]
+        return (dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],
+                None)
+
+
+def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
+                    dt_bias: Tensor, A: Tensor, D: Tensor, norm_weight: Tensor | None,
+                    dims: InnerDims) -> Tensor:
+    """Both directions of a bidirectional Mamba-2 mixer between its two projections.
+
+    With ``proj = [z, x, B, C, dt]`` (channel sizes ``d, d, g n, g n, h``), direction ``k``
+    (0 forward, 1 backward) computes ``y_k = SSD_k(conv_k(x, B, C), softplus(dt + dt_bias[k]),
+    A[k], D[k])`` (the backward direction on the reversed sequence) and the result is
+    ``(rmsnorm(y_0 * silu(z)) * w[0] + rmsnorm(y_1 * silu(z)) * w[1]) / 2`` with the root mean
+    square over groups of ``d / g`` channels (``norm_weight=None``:
+    ``(y_0 + y_1) / 2 * silu(z)``), in the original token order.
+
+    Args:
+        proj (Tensor): (b, L, 2 d + 2 g n + h) ``in_proj`` output.
+        conv_weight (Tensor): (2, d + 2 g n, K) filters of the two directions.
+        conv_bias (Tensor | None): (2, d + 2 g n).
+        dt_bias (Tensor): (2, h).
+        A (Tensor): (2, h) negative decay rates.
+        D (Tensor): (2, h) skip weights.
+        norm_weight (Tensor | None): (2, d) RMSNorm scales, or None (no norm).
+        dims (InnerDims): the mixer's sizes.
+
+    Returns:
+        Tensor: (b, L, d) in the dtype of ``proj`` (float16 / bfloat16 computed in float32).
+    """
+    width = 2 * dims.d_inner + 2 * dims.ngroups * dims.d_state + dims.nheads
+    if proj.dim() != 3 or proj.shape[-1] != width:
+        raise ValueError(f'bidir_ssd_inner: proj must be (b, L, {width}), got '
+                         f'{tuple(proj.shape)}')
+    with torch.autocast(device_type=proj.device.type, enabled=False):
+        return _BidirInner.apply(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, dims)

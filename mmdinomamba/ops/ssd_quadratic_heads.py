@@ -1,0 +1,119 @@
+"""The quadratic SSD form per head, for the heads whose decay range is too wide to factor.
+
+Used by :mod:`.ssd_quadratic` for the (sample, direction, head) triples with
+``|S_first - S_last| > FACTORED_RANGE`` (strong decay): their matrices
+
+    W_ij = exp(clamp(hi_i - hi_j, -60, 0)) (C_i . B_j)      (strict triangle)
+
+are built per head. ``S`` is summed in float64 and split into ``hi + lo`` (``hi`` its rounding
+to the compute dtype): ``hi_i - hi_j`` is exact near the diagonal, where it matters, and the
+small remainders enter as scales ``exp(lo_i)`` of ``y`` and ``exp(-lo_j)`` of ``x``, so long
+strongly decaying sequences keep float32 accuracy. Clamping the exponents at -60 keeps every
+factor a normal float (subnormal exponentials are 20-200x slower on x86) and changes outputs by
+less than 1e-26 relative. ``dA`` is summed pair by pair (``sum_ij G_ij (T_i - T_j)``, ``T`` the
+cumulative ``dt``), because ``sum_i T_i dS_i`` would cancel terms far larger than the result.
+
+Every function takes the full (b, R, h, ...) tensors of :mod:`.ssd_quadratic` and the ``wide``
+mask, and adds the wide heads' share in place.
+"""
+import torch
+from torch import Tensor
+
+from .ssd_chunked_blocks import exp_decay
+
+__all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
+
+
+def cumulative(a: Tensor) -> Tensor:
+    """Inclusive cumulative sum over tokens (b, R, h, L), in float64; reverse (``S_i =
+    sum_{k >= i} a_k``) for the anti-causal direction ``R = 1``."""
+    a = a.double()
+    S = a.cumsum(-1)
+    if S.shape[1] == 2:
+        S[:, 1] = S[:, 1, :, -1:] - S[:, 1] + a[:, 1]
+    return S
+
+
+def _split(S: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """``hi`` (``S`` rounded to ``dtype``) and ``lo = S - hi`` (None in float64)."""
+    hi = S.to(dtype)
+    return hi, None if dtype == torch.float64 else (S - hi.double()).to(dtype)
+
+
+def _mask(t: Tensor, direction: int) -> Tensor:
+    """Strict lower (direction 0) or upper (1) triangle of ``t`` (..., L, L), in place."""
+    return t.tril_(-1) if direction == 0 else t.triu_(1)
+
+
+def _subsets(wide: Tensor, groups: int):
+    """Per direction with wide heads: (direction, sample index, head index, group index)."""
+    heads = wide.shape[2]
+    for r in range(wide.shape[1]):
+        b_idx, h_idx = wide[:, r].nonzero(as_tuple=True)
+        if b_idx.numel():
+            yield r, b_idx, h_idx, h_idx // (heads // groups)
+
+
+def _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx) -> dict:
+    """The subset's scanned values ``xs`` (N, p, L), row scales ``el`` (N, L) or None, decay
+    ``E`` and weights ``W`` (N, L, L)."""
+    hi, lo = _split(S[b_idx, r, h_idx], x.dtype)
+    el = None if lo is None else lo.exp()
+    dts = dt[b_idx, r, h_idx]
+    xs = x[b_idx, r, h_idx] * (dts if el is None else dts / el).unsqueeze(-2)
+    E = exp_decay(hi[..., :, None] - hi[..., None, :])
+    return dict(xs=xs, el=el, E=E, W=E * cb[b_idx, r, g_idx])
+
+
+def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
+                wide: Tensor) -> Tensor:
+    """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
+    added parts (N, p, L) in the order of :func:`add_saved` (N wide heads)."""
+    parts = []
+    for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
+        m = _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx)
+        ys = torch.matmul(m['xs'], m['W'].transpose(-1, -2).contiguous())
+        if m['el'] is not None:
+            ys.mul_(m['el'].unsqueeze(-2))
+        y[b_idx, r, h_idx] += ys
+        parts.append(ys)
+    return torch.cat(parts)
+
+
+def add_saved(y: Tensor, parts: Tensor, wide: Tensor) -> None:
+    """``y += parts`` at the wide heads: replays :func:`add_forward` from its result."""
+    start = 0
+    for r in range(wide.shape[1]):
+        b_idx, h_idx = wide[:, r].nonzero(as_tuple=True)
+        y[b_idx, r, h_idx] += parts[start:start + b_idx.numel()]
+        start += b_idx.numel()
+
+
+def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
+                 dx: Tensor, ddt: Tensor, dS: Tensor, dcb: Tensor) -> Tensor:
+    """Adds the wide heads' gradients to ``dx``, ``ddt`` (their direct ``dt`` factor), ``dS``
+    and ``dcb`` in place; returns their ``dA`` (R, h) in float64 (zero for other heads)."""
+    dA = torch.zeros(wide.shape[1:], dtype=torch.float64, device=dy.device)
+    T = cumulative(dt)
+    for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
+        m = _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx)
+        el, dts = m['el'], dt[b_idx, r, h_idx]
+        dys = dy[b_idx, r, h_idx]
+        dys = dys if el is None else dys * el.unsqueeze(-2)
+        dxs = torch.matmul(dys, m['W'])
+        scale = dts if el is None else dts / el
+        dx[b_idx, r, h_idx] += dxs * scale.unsqueeze(-2)
+        ddt_direct = (dxs * x[b_idx, r, h_idx]).sum(-2)
+        ddt[b_idx, r, h_idx] += ddt_direct if el is None else ddt_direct / el
+        dW = torch.matmul(dys.transpose(-1, -2), m['xs'])
+        dcb.index_put_((b_idx, torch.full_like(b_idx, r), g_idx),
+                       _mask(m['E'].mul_(dW), r), accumulate=True)
+        G = dW.mul_(m['W'])
+        dS_sub = G.sum(-1).sub_(G.sum(-2))
+        dS[b_idx, r, h_idx] += dS_sub
+        t_hi, t_lo = _split(T[b_idx, r, h_idx], x.dtype)
+        pairs = torch.einsum('nij,nij->n', G, t_hi[:, :, None] - t_hi[:, None, :]).double()
+        if t_lo is not None:
+            pairs += (t_lo * dS_sub).sum(-1).double()
+        dA[r].index_add_(0, h_idx, pairs)
+    return dA

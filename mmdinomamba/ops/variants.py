@@ -1,0 +1,87 @@
+"""Benchmark-only variants of the fast paths, for A/B timing, memory accounting and tests.
+
+Users choose between the fast path and the specification with one switch
+(``BiSSD(fast_path=True)``); the pieces of the fast path are switched here, for one block of
+code, without touching any model::
+
+    from mmdinomamba.ops import fast_path_variant
+
+    with fast_path_variant(recompute_conv=False, fused_merge=False):
+        y = model(x)   # every BiSSD inside runs the chosen variant
+
+Every variant computes the same result up to rounding.
+"""
+import contextlib
+import dataclasses
+from typing import Iterator
+
+__all__ = [
+    'FastPathVariant', 'fast_path_variant', 'current_variant', 'quadratic_max_len',
+    'QUADRATIC_MAX_LEN'
+]
+
+#: Longest sequence the CPU fast path computes in the quadratic form for heads of 64 channels and
+#: 64 states (half as long for smaller ones); longer ones use the chunked scan, whose work grows
+#: linearly with the length. Measured crossovers (fwd+bwd of a BiSSD layer, 1 CPU thread): about
+#: 550 tokens for DinoVim-T's mixer, 250 for d_state=16, headdim=16.
+QUADRATIC_MAX_LEN = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class FastPathVariant:
+    """The pieces of the bidirectional mixer's fast path (all on by default).
+
+    Attributes:
+        single_scan (bool): both directions in one scan call (False: two calls).
+        fused_conv (bool): CUDA: both directions' conv + SiLU in our fused Triton kernel
+            (False: flip / cat / depthwise conv).
+        fused_merge (bool): CUDA: un-flip, both gated RMSNorms and the average in our fused
+            Triton kernel (False: separate ops).
+        recompute_conv (bool): CUDA, with ``fused_conv`` and ``single_scan``: conv and scan as
+            one autograd function that recomputes the conv in the backward pass.
+        recompute_merge (bool): CUDA, with ``fused_merge``: recompute the merged output in the
+            backward pass instead of keeping it for ``out_proj``.
+        quadratic_max_len (int | None): CPU: sequences up to this length run as one autograd
+            function (conv, scan in the quadratic form, merge); longer ones, or all with 0, as
+            separate ops with the chunked scan. None: :func:`quadratic_max_len`.
+    """
+    single_scan: bool = True
+    fused_conv: bool = True
+    fused_merge: bool = True
+    recompute_conv: bool = True
+    recompute_merge: bool = True
+    quadratic_max_len: int | None = None
+
+
+_current = FastPathVariant()
+
+
+def quadratic_max_len(headdim: int, d_state: int) -> int:
+    """The longest sequence scanned in the quadratic form for heads of ``headdim`` channels and
+    ``d_state`` states (the variant's ``quadratic_max_len`` if set)."""
+    if _current.quadratic_max_len is not None:
+        return _current.quadratic_max_len
+    return QUADRATIC_MAX_LEN if min(headdim, d_state) >= 64 else QUADRATIC_MAX_LEN // 2
+
+
+def current_variant() -> FastPathVariant:
+    """The variant in force (the defaults outside :func:`fast_path_variant`)."""
+    return _current
+
+
+@contextlib.contextmanager
+def fast_path_variant(**changes) -> Iterator[FastPathVariant]:
+    """Run the enclosed code with the given :class:`FastPathVariant` fields changed (nests;
+    an unknown field is a ``TypeError`` naming it)."""
+    global _current
+    fields = {f.name for f in dataclasses.fields(FastPathVariant)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise TypeError(f'fast_path_variant: unknown switch(es) {unknown}; known: '
+                        f'{sorted(fields)}')
+    saved = _current
+    _current = dataclasses.replace(saved, **changes)
+    try:
+        yield _current
+    finally:
+        _current = saved

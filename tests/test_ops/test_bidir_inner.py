@@ -1,0 +1,137 @@
+"""The CPU fast path of BiSSD (conv + quadratic scan + merge as one autograd function) == the
+specification (flip / cat / conv, one SSD scan, two gated RMSNorms), outputs and gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmdinomamba.models.mixers import BiSSD
+from mmdinomamba.ops import bidir_causal_conv1d, bidir_inner, bidir_ssd_inner, fast_path_variant
+from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
+                                        pad_channel_major)
+
+
+def _mixer(dtype=torch.float64, dt_scale=1.0, **kw):
+    torch.manual_seed(0)
+    m = BiSSD(**{**dict(embed_dims=32, d_state=8, headdim=8), **kw}).to(dtype)
+    with torch.no_grad():  # dt_scale > 1: strong decay, heads the scan computes one by one
+        for bias in (m.dt_bias, m.dt_b_bias):
+            bias.add_(torch.log(torch.tensor(dt_scale, dtype=dtype)))
+    return m
+
+
+def _run(m, x, fast_path):
+    m.fast_path = fast_path
+    m.zero_grad()
+    x = x.detach().requires_grad_()
+    y = m(x)
+    gen = torch.Generator().manual_seed(1)
+    y.backward(torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.dtype))
+    return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(rmsnorm=False), dict(ngroups=2), dict(
+    conv_bias=False), dict(dt_scale=50.0, ngroups=2)])
+def test_fast_path_equals_specification_float64(kw, monkeypatch):
+    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 2000)  # several batch slices
+    m = _mixer(**kw)
+    x = torch.randn(5, 41, 32, dtype=torch.float64)
+    fast, spec = _run(m, x, True), _run(m, x, False)
+    names = ['y', 'x'] + [n for n, _ in m.named_parameters()]
+    for name, a, b in zip(names, fast, spec):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize('dt_scale', [1.0, 50.0])
+def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale):
+    m = _mixer(dt_scale=dt_scale)
+    x = torch.randn(3, 65, 32, dtype=torch.float64)
+    want = _run(m, x, False)
+    m32 = m.float()
+    for fast_path in (True, False):
+        got = _run(m32, x.float(), fast_path)
+        errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
+        if fast_path:
+            fast_errs = errs
+    # float32 rounding of gradients summed over the sequence (A_log, dt_bias) reaches ~1e-5 on
+    # both paths: the fast path may not be worse than the specification
+    assert max(fast_errs) <= 3e-5, fast_errs
+    assert max(fast_errs) <= 2 * max(errs) + 1e-6, (fast_errs, errs)
+
+
+def test_bf16_autocast_and_dtypes():
+    m = _mixer(torch.float32)
+    x = torch.randn(2, 30, 32)
+    want = m(x)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        got = m(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)
+
+
+def test_keeps_less_for_backward_than_the_specification():
+    from torch.autograd.graph import saved_tensors_hooks
+    m = _mixer(torch.float32, embed_dims=64, d_state=16, headdim=16)
+    x = torch.randn(4, 65, 64, requires_grad=True)
+    saved = {}
+    for fast_path in (True, False):
+        m.fast_path = fast_path
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with saved_tensors_hooks(pack, lambda t: t):
+            m(x)
+        saved[fast_path] = sum(storages.values())
+    assert saved[True] < 0.75 * saved[False], saved
+
+
+def test_long_sequences_take_the_chunked_scan():
+    m = _mixer()
+    x = torch.randn(1, 50, 32, dtype=torch.float64)
+    want = m(x)
+    with fast_path_variant(quadratic_max_len=49):
+        torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-12)
+
+
+def test_wrong_projection_width_is_named():
+    m = _mixer(torch.float32)
+    with pytest.raises(ValueError, match=r'proj must be \(b, L, 152\), got \(1, 5, 10\)'):
+        bidir_ssd_inner(torch.randn(1, 5, 10), *m._conv_params(), torch.zeros(2, 8),
+                        -torch.ones(2, 8), torch.ones(2, 8), None, m.dims)
+
+
+@pytest.mark.parametrize('with_bias', [True, False])
+def test_shift_conv_is_the_bidirectional_causal_conv(with_bias):
+    """Both directions by shifted multiply-adds == bidir_causal_conv1d (channels regrouped), and
+    the hand-written backward == autograd."""
+    x = torch.randn(2, 11, 6, dtype=torch.float64)
+    w = torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 6, dtype=torch.float64, requires_grad=True) if with_bias else None
+    want = bidir_causal_conv1d(x, w, b, (6, ), None)  # [fwd, bwd (flipped time)] channels
+    xp = pad_channel_major(x, 4, torch.float64)
+    with torch.no_grad():
+        got = bidir_conv_forward(xp, w, b)  # (b, 2, C, L), both in the original time order
+    torch.testing.assert_close(got[:, 0].transpose(1, 2), want[..., :6])
+    torch.testing.assert_close(got[:, 1].transpose(1, 2), want[..., 6:].flip(1))
+    g = torch.randn_like(got)
+    xl = x.clone().requires_grad_()
+    xpl, length = pad_channel_major(xl, 4, torch.float64), x.shape[1]
+    taps = [[xpl[..., k:k + length] for k in range(4)], [xpl[..., 6 - k:6 - k + length]
+                                                         for k in range(4)]]
+    outs = [sum(w[d, :, k, None] * taps[d][k] for k in range(4)) for d in range(2)]
+    if with_bias:
+        outs = [o + b[d, :, None] for d, o in enumerate(outs)]
+    ref = torch.autograd.grad(torch.stack(outs, 1), [xl, w] + ([b] if with_bias else []), g)
+    dx, dw, db = bidir_conv_backward(g, xp, w, with_bias)
+    torch.testing.assert_close(dx.transpose(1, 2), ref[0])
+    torch.testing.assert_close(dw, ref[1])
+    if with_bias:
+        torch.testing.assert_close(db, ref[2])
+
+
+def test_softplus_equals_torch():
+    x = torch.cat([torch.linspace(-80, 40, 20001), torch.tensor([0., 1e-9, -1e-9, 20., 20.5])])
+    got, want = bidir_inner.softplus(x), F.softplus(x.double())
+    assert ((got.double() - want).abs() / want).max() < 1e-6

@@ -1,0 +1,130 @@
+"""The quadratic SSD form (factored per group, per head for strong decay) == the sequential
+recurrence, outputs and gradients, in float32 and float64."""
+import pytest
+import torch
+
+from mmdinomamba.ops import fast_path_variant, ssd_scan, ssd_scan_quadratic, ssd_scan_ref
+from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
+
+from test_ssd_scan import HEADS, HEADDIM, _with_grads, make_inputs, rel_err
+
+
+def gentle_inputs(length, groups=1, batch=2, seed=0, dtype=torch.float32):
+    """Mamba-2 init ranges (dt in [1e-3, 0.1], A in [-16, -1]): every head is factored up to a
+    few hundred tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length, HEADS, HEADDIM, generator=gen, dtype=dtype)
+    dt = torch.exp(torch.empty(batch, length, HEADS, dtype=dtype).uniform_(-6.9, -2.3,
+                                                                         generator=gen))
+    A = -torch.empty(HEADS, dtype=dtype).uniform_(1, 16, generator=gen)
+    B = torch.randn(batch, length, groups, 16, generator=gen, dtype=dtype)
+    C = torch.randn(batch, length, groups, 16, generator=gen, dtype=dtype)
+    return [x, dt, A, B, C, torch.randn(HEADS, generator=gen, dtype=dtype)]
+
+
+def _decay_ranges(args):
+    dt, A = args[1], args[2]
+    return (dt * A).sum(1).abs()  # (batch, heads)
+
+
+@pytest.mark.parametrize('length', [1, 17, 65, 197, 256])
+@pytest.mark.parametrize('groups', [1, 2])
+@pytest.mark.parametrize('kind', ['gentle', 'strong'])
+def test_float32_matches_float64_recurrence(length, groups, kind):
+    args = (gentle_inputs(length, groups, seed=length) if kind == 'gentle' else
+            make_inputs(length, groups, seed=length))
+    if kind == 'gentle':
+        assert (_decay_ranges(args) <= FACTORED_RANGE).all()  # the factored form only
+    ref_in, ins = _with_grads(args, torch.float64), _with_grads(args, torch.float32)
+    y_ref = ssd_scan_ref(*ref_in)
+    dy = torch.randn_like(y_ref)
+    y_ref.backward(dy)
+    y = ssd_scan_quadratic(*ins)
+    y.backward(dy.float())
+    assert y.dtype == torch.float32 and rel_err(y, y_ref) <= 1e-5
+    for name, a, r in zip('x dt A B C D'.split(), ins, ref_in):
+        if length == 1 and name == 'A':
+            assert a.grad.abs().max() == 0
+            continue
+        assert rel_err(a.grad, r.grad) <= 1e-5, name
+
+
+def test_factored_and_per_head_heads_in_one_batch_float64():
+    """Half the heads decay too fast to factor: both forms in one call, tight in float64."""
+    args = gentle_inputs(90, groups=2, dtype=torch.float64, seed=3)
+    args[1][:, :, :2] *= 300.0
+    wide = _decay_ranges(args) > FACTORED_RANGE
+    assert wide[:, :2].all() and not wide[:, 2:].any()
+    ins, ref = _with_grads(args, torch.float64), _with_grads(args, torch.float64)
+    dy = torch.randn(2, 90, HEADS, HEADDIM, dtype=torch.float64)
+    y = ssd_scan_quadratic(*ins)
+    y.backward(dy)
+    y_ref = ssd_scan_ref(*ref)
+    y_ref.backward(dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(ins, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
+def test_anti_causal_direction_is_the_flipped_scan(scale):
+    """Direction 1 of the channel-major layout is the scan of the reversed sequence, read back in
+    the original order; both directions in one call (float64)."""
+    fwd, bwd = gentle_inputs(33, dtype=torch.float64, seed=5), gentle_inputs(
+        33, dtype=torch.float64, seed=6)
+    bwd[1] = bwd[1] * scale
+
+    def channel_major(x, dt, A, B, C, D):
+        return (x.permute(0, 2, 3, 1), dt.transpose(1, 2), A, B.permute(0, 2, 3, 1),
+                C.permute(0, 2, 3, 1), D)
+
+    both = [torch.stack(pair, 1 if pair[0].dim() > 1 else 0)
+            for pair in zip(channel_major(*fwd), channel_major(*bwd))]
+    both = [t.contiguous().requires_grad_() for t in both]
+    y, st = scan_forward(*both)
+    ref_f = ssd_scan_ref(*fwd)
+    ref_b = ssd_scan_ref(*[t.flip(1) if t.dim() > 1 else t for t in bwd]).flip(1)
+    torch.testing.assert_close(y[:, 0].permute(0, 3, 1, 2), ref_f, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y[:, 1].permute(0, 3, 1, 2), ref_b, rtol=1e-10, atol=1e-10)
+    # the hand-written backward against autograd through the reference
+    dy = torch.randn_like(y)
+    with torch.no_grad():  # as in an autograd backward pass
+        grads = scan_backward(dy, both[0], both[1], both[2], both[3], both[4], st, True)
+    leaves = [t.detach().requires_grad_() for t in both]
+    refs = []
+    for r, src in ((0, fwd), (1, bwd)):
+        x, dt, A, B, C, D = (leaves[0][:, r].permute(0, 3, 1, 2), leaves[1][:, r].transpose(1, 2),
+                             leaves[2][r], leaves[3][:, r].permute(0, 3, 1, 2),
+                             leaves[4][:, r].permute(0, 3, 1, 2), leaves[5][r])
+        if r == 1:
+            x, dt, B, C = x.flip(1), dt.flip(1), B.flip(1), C.flip(1)
+        out = ssd_scan_ref(x, dt, A, B, C, D)
+        refs.append(out.flip(1) if r == 1 else out)
+    torch.autograd.backward([o.permute(0, 2, 3, 1) for o in refs], [dy[:, 0], dy[:, 1]])
+    for got, leaf in zip(grads, leaves):
+        torch.testing.assert_close(got, leaf.grad, rtol=1e-9, atol=1e-10)
+
+
+def test_ssd_scan_picks_the_quadratic_form_for_short_sequences():
+    args = make_inputs(40, seed=7)
+    want = ssd_scan_quadratic(*args)
+    torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=0, atol=0)
+    with fast_path_variant(quadratic_max_len=0):  # the chunked scan: same up to rounding
+        torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=1e-5, atol=1e-5)
+
+
+def test_half_precision_is_computed_in_float32():
+    args = gentle_inputs(50, seed=8)
+    want = ssd_scan_quadratic(*args)
+    got = ssd_scan_quadratic(*(t.bfloat16() for t in args))
+    assert got.dtype == torch.bfloat16 and rel_err(got, want) < 2e-2
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        torch.testing.assert_close(ssd_scan_quadratic(*args), want, rtol=0, atol=0)
+
+
+def test_strong_decay_stays_finite():
+    x, dt, A, B, C, D = make_inputs(150, seed=9)
+    y = ssd_scan_quadratic(x, dt * 1e3, A, B, C, D)
+    want = ssd_scan_ref(x.double(), dt.double() * 1e3, A.double(), B.double(), C.double(),
+                        D.double())
+    assert torch.isfinite(y).all() and rel_err(y, want) <= 1e-5
