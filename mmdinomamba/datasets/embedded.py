@@ -28,7 +28,7 @@ from PIL import Image
 from ..utils.files import scratch_path, stale_scratch_target
 from .embedded_gen import CLASSES, draw_sample
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DEFAULTS = dict(num_train=2400, num_val=480, img_size=64, seed=0)
 SPLITS = (('train', 'training'), ('val', 'validation'))
 

@@ -1,4 +1,4 @@
-"""Generate the embedded "shapes on clutter" data set (deterministic, no download).
+"""Generate the embedded "objects on dead leaves" data set (deterministic, no download).
 
 An existing data set with the same parameters is kept as it is; one made with other parameters is
 an error naming both values, unless ``--overwrite`` is given. A folder that is not an embedded
