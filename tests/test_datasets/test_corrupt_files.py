@@ -10,7 +10,7 @@ from mmpretrain.registry import DATASETS, TRANSFORMS
 from mmdinomamba.datasets.transforms import LoadFgMask, LoadImageFromFile
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DINO_DEMO = osp.join(REPO, 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py')
+DINO_DEMO = osp.join(REPO, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
 
 
 def _corrupt(path, how):

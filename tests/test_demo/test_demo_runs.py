@@ -110,3 +110,27 @@ def test_demo_refuses_a_missing_folder(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode != 0 and 'does not exist' in proc.stderr
     assert not (tmp_path / 'nope').exists()
+
+
+@pytest.mark.parametrize('mixer,backbone', [('dinovim', 'DinoVim'), ('vit', 'ViT'),
+                                            ('linearvit', 'LinearViT')])
+def test_each_mixer_has_a_demo_config_with_the_same_recipe(mixer, backbone, tmp_path):
+    from mmengine.config import Config
+
+    from mmdinomamba.demo.data import prepare_data
+    from repo_files import load_file
+    demo = load_file('tools/demo.py')
+    data_root = tmp_path / 'mine'
+    data_root.mkdir()
+    _own_folder(str(data_root), with_masks=True)
+    data = prepare_data(str(data_root), generate=False)
+    cfg = Config.fromfile(demo.run_config(demo.find_config(mixer), data, str(tmp_path / mixer),
+                                          {}))
+    ref = Config.fromfile(osp.join(REPO, demo.find_config('dinovim')))
+    assert cfg.model.backbone.type == backbone
+    assert cfg.model.backbone.arch.embed_dims == 64 and cfg.model.backbone.arch.num_layers == 4
+    for key in ('train_cfg', 'optim_wrapper', 'param_scheduler'):
+        assert cfg[key] == ref[key], key
+    assert cfg.model.head == ref.model.head
+    assert cfg.model.momentum_teacher == ref.model.momentum_teacher
+    assert cfg.train_dataloader.dataset.pipeline == ref.train_dataloader.dataset.pipeline

@@ -10,7 +10,7 @@ from repo_files import load_file
 from mmdinomamba.utils.cli import DictAction, load_config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-CONFIG = osp.join(REPO, 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py')
+CONFIG = osp.join(REPO, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
 
 
 def _parse(action, *values):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DINO = 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py'
+DINO = 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py'
 AUC = 'configs/analysis/binary-auc_dinovim-demo_embedded.py'
 
 

@@ -8,7 +8,7 @@ import pytest
 from repo_files import load_file
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DINO_DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py')
+DINO_DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
 
 
 def _config(tmp_path, root) -> str:

@@ -9,7 +9,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-8e_embedded-64px.py')
+DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
 
 
 class Killed(Exception):
