@@ -25,7 +25,7 @@ def resize_pos_embed(pos_embed: Tensor, src_hw: tuple[int, int], dst_hw: tuple[i
 
     Follows the convention of DINO's ``interpolate_pos_encoding`` (also used by Dino-Mamba's
     DinoVim and Mamba-Reg): the grid is resized with ``scale_factor = (dst + 0.1) / src`` per axis
-    (the +0.1 avoids a floor rounding error, DINO issue #8), bicubic, no ``align_corners``, so a
+    (the +0.1 avoids a floor rounding error, as in DINO's code), bicubic, no ``align_corners``, so a
     converted official checkpoint computes exactly what it computed in its own code. The grid is
     returned unchanged when the sizes already match.
 
