@@ -8,7 +8,10 @@ result (``--out``). The demo (``tools/demo.py``) runs the chosen recipe through 
 machinery; this loop is for searching it (same settings, fewer moving parts).
 
     python tools/analysis/dino_search.py --data-root data/embedded --iters 300 \\
-        --momentum 0.97 0.995 --out work_dirs/dino_search.jsonl
+        --centering ema --out work_dirs/dino_search.jsonl
+
+The defaults are the demo config's recipe (Sinkhorn-Knopp centering, teacher momentum 0.99 ->
+0.999, the demo's crops and augmentation); each flag changes one setting.
 """
 import argparse
 import json
@@ -54,9 +57,9 @@ def parse_args(argv=None):
     a('--head-bn', action='store_true')
     a('--teacher-temp', type=float, default=0.04)
     a('--student-temp', type=float, default=0.1)
-    a('--centering', default='ema', choices=['ema', 'sinkhorn_knopp'])
+    a('--centering', default='sinkhorn_knopp', choices=['ema', 'sinkhorn_knopp'])
     a('--koleo', type=float, default=0.)
-    a('--momentum', type=float, nargs=2, default=(0.97, 0.995))
+    a('--momentum', type=float, nargs=2, default=(0.99, 0.999))
     a('--lr', type=float, default=1e-3)
     a('--min-lr', type=float, default=1e-5)
     a('--warmup', type=int, default=20)
