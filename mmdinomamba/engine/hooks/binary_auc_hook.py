@@ -13,13 +13,13 @@ from operator import attrgetter
 from typing import Optional, Sequence, Union
 
 from mmengine.dist import is_main_process
-from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS, MODELS
 from mmpretrain.utils import get_ori_model
 
 from mmdinomamba.analysis.backbone_eval import evaluate_binary_auc
 from mmdinomamba.datasets.normalization import imagenet_preprocessor
 from mmdinomamba.models.utils import BACKBONE_PREFIXES
+from .periodic import PeriodicEvalHook
 
 #: attribute paths of the backbones, in the order of the checkpoint prefixes (teacher first)
 BACKBONE_PATHS = tuple(prefix.rstrip('.') for prefix in BACKBONE_PREFIXES)
@@ -37,7 +37,7 @@ def find_backbone(model, paths: Sequence[str] = BACKBONE_PATHS):
 
 
 @HOOKS.register_module()
-class BinaryAUCHook(Hook):
+class BinaryAUCHook(PeriodicEvalHook):
     """Binary-AUC of the teacher backbone on a held-out loader during training.
 
     Args:
@@ -53,7 +53,6 @@ class BinaryAUCHook(Hook):
         num_examples (int): example figures saved per evaluation. Defaults to 2.
         prefix (str): metric key prefix. Defaults to 'binary_auc'.
     """
-    priority = 'LOW'
 
     def __init__(self, dataloader, interval: int = 1, by_epoch: bool = True,
                  map_type: str = 'mixing', layers: Optional[Union[int, Sequence[int]]] = (-1, ),
@@ -61,27 +60,14 @@ class BinaryAUCHook(Hook):
                  num_thresholds: Optional[int] = None, mask_resize: str = 'area',
                  data_preprocessor: Optional[dict] = None, num_examples: int = 2,
                  prefix: str = 'binary_auc'):
-        if interval < 1:
-            raise ValueError(f'BinaryAUCHook: interval must be >= 1, got {interval}')
+        super().__init__(interval, by_epoch)
         self._loader = dataloader
-        self.interval, self.by_epoch = interval, by_epoch
         self.featmap_cfg = dict(map_type=map_type, layers=layers, query=query,
                                 cosine_heads=cosine_heads, head_reduce=head_reduce)
         self.metric_cfg = dict(num_thresholds=num_thresholds, mask_resize=mask_resize,
                                prefix=prefix)
         self.preprocessor = MODELS.build(data_preprocessor or imagenet_preprocessor())
         self.num_examples = num_examples
-        self.last_metrics = None
-
-    def after_train_epoch(self, runner) -> None:
-        if self.by_epoch and (self.every_n_epochs(runner, self.interval)
-                              or self.is_last_train_epoch(runner)):
-            self.evaluate(runner, step=runner.epoch + 1)
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if not self.by_epoch and (self.every_n_train_iters(runner, self.interval)
-                                  or self.is_last_train_iter(runner)):
-            self.evaluate(runner, step=runner.iter + 1)
 
     def _dataloader(self, runner):
         if isinstance(self._loader, dict):

@@ -18,13 +18,13 @@ from typing import Optional
 
 import torch
 from mmengine.dataset import pseudo_collate
-from mmengine.hooks import Hook
 from mmpretrain.registry import DATASETS, HOOKS, MODELS
 
 from mmdinomamba.analysis.backbone_eval import backbone_features
 from mmdinomamba.datasets.normalization import imagenet_preprocessor
 from mmdinomamba.evaluation.knn import knn_predict
 from .binary_auc_hook import find_backbone
+from .periodic import PeriodicEvalHook
 
 
 def _loader(cfg, name: str):
@@ -42,7 +42,7 @@ def _loader(cfg, name: str):
 
 
 @HOOKS.register_module()
-class KNNEvalHook(Hook):
+class KNNEvalHook(PeriodicEvalHook):
     """Weighted k-NN top-1 of the teacher backbone's frozen features during training.
 
     Args:
@@ -57,33 +57,19 @@ class KNNEvalHook(Hook):
         data_preprocessor (dict, optional): defaults to ImageNet ``ClsDataPreprocessor``.
         prefix (str): metric key prefix. Defaults to 'knn'.
     """
-    priority = 'LOW'
 
     def __init__(self, train_dataloader, val_dataloader, interval: int = 1,
                  by_epoch: bool = True, k: int = 20, temperature: float = 0.07,
                  num_classes: Optional[int] = None, data_preprocessor: Optional[dict] = None,
                  prefix: str = 'knn'):
-        if interval < 1:
-            raise ValueError(f'KNNEvalHook: interval must be >= 1, got {interval}')
         if k < 1 or temperature <= 0:
             raise ValueError(f'KNNEvalHook: need k >= 1 and temperature > 0, got k={k}, '
                              f'temperature={temperature}')
+        super().__init__(interval, by_epoch)
         self._loaders = dict(train_dataloader=train_dataloader, val_dataloader=val_dataloader)
-        self.interval, self.by_epoch = interval, by_epoch
         self.k, self.temperature, self.num_classes = k, temperature, num_classes
         self.preprocessor = MODELS.build(data_preprocessor or imagenet_preprocessor())
         self.prefix = prefix
-        self.last_metrics = None
-
-    def after_train_epoch(self, runner) -> None:
-        if self.by_epoch and (self.every_n_epochs(runner, self.interval)
-                              or self.is_last_train_epoch(runner)):
-            self.evaluate(runner, step=runner.epoch + 1)
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if not self.by_epoch and (self.every_n_train_iters(runner, self.interval)
-                                  or self.is_last_train_iter(runner)):
-            self.evaluate(runner, step=runner.iter + 1)
 
     def compute(self, backbone) -> dict:
         """``{prefix/top1: %}`` of ``backbone`` on the two loaders."""
