@@ -13,8 +13,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.runner import Runner  # noqa: E402
 
 from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
-                                   check_out_path, dump_metrics, load_config,
-                                   setup_cpu_distributed)
+                                   check_out_path, dump_metrics, finish_distributed,
+                                   load_config, setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -63,6 +63,7 @@ def main(argv=None):
     metrics = runner.test()
     if args.out:
         dump_metrics(metrics, args.out)
+    finish_distributed()
     return metrics
 
 

@@ -21,7 +21,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
-                                   load_config, setup_cpu_distributed)
+                                   finish_distributed, load_config, setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -106,6 +106,7 @@ def main(argv=None):
     setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
+    finish_distributed()
 
 
 if __name__ == '__main__':

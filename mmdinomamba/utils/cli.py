@@ -240,6 +240,18 @@ def setup_cpu_distributed(cfg: Config) -> None:
         torch.distributed.init_process_group(backend='gloo', **kwargs)
 
 
+def finish_distributed() -> None:
+    """End a distributed run cleanly: wait for every process, then destroy the process group.
+
+    A ``gloo`` group left to the interpreter's exit can abort a process while its threads are
+    torn down (``terminate called without an active exception``), failing a run that finished.
+    A no-op without a process group.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 TENSORBOARD_BACKEND = dict(type='TensorboardVisBackend')
 
 
