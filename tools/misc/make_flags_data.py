@@ -18,10 +18,14 @@ import argparse
 import os
 import os.path as osp
 import shutil
-import tempfile
+import sys
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+from mmdinomamba.utils.files import scratch_path  # noqa: E402
 
 #: name -> (kind, colours): the flag designs
 FLAGS = {
@@ -104,9 +108,9 @@ def main(argv=None):
         raise SystemExit(f'{args.root} exists; choose a new folder (nothing is overwritten)')
     from sklearn.datasets import load_sample_images
     photos = [np.asarray(p) for p in load_sample_images().images]
-    parent = osp.dirname(osp.abspath(args.root))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix='.flags-', dir=parent)
+    os.makedirs(osp.dirname(osp.abspath(args.root)), exist_ok=True)
+    tmp = scratch_path(args.root)  # the project's scratch name: a killed run's is recognized
+    os.makedirs(tmp)
     try:
         names = list(FLAGS)
         with open(osp.join(tmp, 'classes.txt'), 'w') as f:
@@ -127,7 +131,6 @@ def main(argv=None):
                 lines.append(f'{rel} {label}')
             with open(osp.join(tmp, 'meta', f'{split}.txt'), 'w') as f:
                 f.write('\n'.join(lines) + '\n')
-        os.chmod(tmp, 0o755)
         os.rename(tmp, args.root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
