@@ -40,6 +40,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    keep_freed_memory_on_cpu()
     if args.out:
         check_out_path(args.out)
     cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)

@@ -21,7 +21,8 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
-                                   finish_distributed, load_config, setup_cpu_distributed)
+                                   finish_distributed, keep_freed_memory_on_cpu, load_config,
+                                   setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -100,6 +101,7 @@ def merge_args(cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    keep_freed_memory_on_cpu()
     cfg = load_config(args.config, args.cfg_options, args.allow_new_keys)
     cfg = merge_args(cfg, args)
     check_data_roots(cfg)

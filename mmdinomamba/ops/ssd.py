@@ -14,7 +14,7 @@ from torch import Tensor
 
 from . import _triton
 from ._triton import chunk_scan_fn, log_once
-from .ssd_chunked import ssd_scan_chunked
+from .ssd_chunked import PORTABLE_CHUNK_SIZE, ssd_scan_chunked
 from .ssd_quadratic import ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
 from .variants import quadratic_max_len
@@ -22,7 +22,6 @@ from .variants import quadratic_max_len
 __all__ = ['ssd_scan', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
-PORTABLE_CHUNK_SIZE = 64
 
 
 def ssd_scan(x: Tensor,

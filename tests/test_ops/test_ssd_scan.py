@@ -122,7 +122,7 @@ def test_backends_agree_on_cpu_and_triton_falls_back():
     torch.testing.assert_close(ssd_scan(*args, backend='auto'), want)
     torch.testing.assert_close(ssd_scan(*args, backend='triton'), want)  # CPU: portable
     torch.testing.assert_close(ssd_scan(*args, backend='ref'), want, rtol=1e-5, atol=1e-5)
-    assert PORTABLE_CHUNK_SIZE == 64
+    assert PORTABLE_CHUNK_SIZE == 32
 
 
 def test_half_precision_and_strided_inputs():

@@ -14,7 +14,7 @@ of ``--repeats`` calls after that first call (wall clock; CUDA synchronized).
 
 Implementations:
 
-* ``portable``: ``mmdinomamba.ops.ssd_scan(..., backend='torch')`` (chunks of 64, tiled,
+* ``portable``: ``mmdinomamba.ops.ssd_scan(..., backend='torch')`` (chunks of 32, tiled,
   hand-written backward);
 * ``minimal-<block>``: the 4-step segsum algorithm of mamba_ssm's ``ssd_minimal.py``
   (re-written here): per-head B/C, L padded to a multiple of the block, 5-D einsums and a
