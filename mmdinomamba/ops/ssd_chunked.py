@@ -52,11 +52,14 @@ def _pass_states(S: Tensor, cdec: Tensor, state: Tensor | None, p: int):
     dec = cdec.permute(0, 2, 1, 3).reshape(b, g, c, 1, rp // p, 1)
     S6 = S.view(b, g, c, n, rp // p, p)
     entering = torch.empty_like(S6)
-    cur = S6.new_zeros(b, g, n, rp // p, p) if state is None else state.view(b, g, n, -1, p)
-    for k in range(c):
-        entering[:, :, k] = cur
-        cur = torch.addcmul(S6[:, :, k], cur, dec[:, :, k])
-    return entering.view(b, g, c, n, rp), cur.reshape(b, g, n, rp)
+    if state is None:
+        entering[:, :, 0].zero_()
+    else:
+        entering[:, :, 0].copy_(state.view(b, g, n, -1, p))
+    for k in range(c - 1):  # each state is written once, in place (no copy per chunk)
+        torch.addcmul(S6[:, :, k], entering[:, :, k], dec[:, :, k], out=entering[:, :, k + 1])
+    final = torch.addcmul(S6[:, :, -1], entering[:, :, -1], dec[:, :, -1])
+    return entering.view(b, g, c, n, rp), final.view(b, g, n, rp)
 
 
 def _fwd_block(x, dt, A, B, C, D, Q: int, state: Tensor | None, out: Tensor):

@@ -66,11 +66,14 @@ def _reverse_states(dH_local: Tensor, cdec: Tensor, dstate: Tensor | None, p: in
     dec = cdec.permute(0, 2, 1, 3).reshape(b, g, c, 1, rp // p, 1)
     local = dH_local.view(b, g, c, n, rp // p, p)
     dS = torch.empty_like(local)
-    cur = local.new_zeros(b, g, n, rp // p, p) if dstate is None else dstate.view(b, g, n, -1, p)
-    for k in range(c - 1, -1, -1):
-        dS[:, :, k] = cur
-        cur = torch.addcmul(local[:, :, k], cur, dec[:, :, k])
-    return dS.view(b, g, c, n, rp), cur.reshape(b, g, n, rp)
+    if dstate is None:
+        dS[:, :, -1].zero_()
+    else:
+        dS[:, :, -1].copy_(dstate.view(b, g, n, -1, p))
+    for k in range(c - 1, 0, -1):  # each gradient is written once, in place
+        torch.addcmul(local[:, :, k], dS[:, :, k], dec[:, :, k], out=dS[:, :, k - 1])
+    dstate_in = torch.addcmul(local[:, :, 0], dS[:, :, 0], dec[:, :, 0])
+    return dS.view(b, g, c, n, rp), dstate_in.view(b, g, n, rp)
 
 
 def _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering, dstate):
