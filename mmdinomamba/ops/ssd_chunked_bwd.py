@@ -87,7 +87,7 @@ def _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering, dstate):
     dC = torch.matmul(dy_s, entering.transpose(-1, -2))
     ds = (columns_as_heads(torch.matmul(Cg, entering), p) * columns_as_heads(dy_s, p)).sum(dim=-1)
     cdec = exp_decay(acs[:, :, -1].clone())  # (b, c, g, r)
-    dS, dstate_in = _reverse_states(torch.matmul(Cg.transpose(-1, -2), dy_s), cdec, dstate, p)
+    dS, dstate_in = _reverse_states(torch.matmul(Cg.transpose(-1, -2).contiguous(), dy_s), cdec, dstate, p)
     b, g, c, n, rp = dS.shape
     ds_last = (entering * dS).view(b, g, c, n, rp // p, p).sum(dim=(3, 5)).transpose(1, 2)
     ds_last.mul_(cdec)
