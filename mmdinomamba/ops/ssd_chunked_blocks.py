@@ -7,10 +7,13 @@ channels, ``n`` state size.
 import torch
 from torch import Tensor
 
-__all__ = ['EXP_FLOOR', 'exp_decay', 'chunk_views', 'head_major', 'heads_as_columns',
-           'columns_as_heads', 'intra_chunk_weights']
+__all__ = ['EXP_FLOOR', 'FACTORED_RANGE', 'exp_decay', 'chunk_views', 'head_major',
+           'heads_as_columns', 'columns_as_heads', 'intra_chunk_weights', 'factored_scales',
+           'factored_intra']
 
 EXP_FLOOR = -60.0
+#: Largest decay range ``|s_Q - s_1|`` of a chunk computed in the factored form.
+FACTORED_RANGE = 100.0
 
 
 def exp_decay(t: Tensor) -> Tensor:
@@ -68,3 +71,41 @@ def intra_chunk_weights(acs: Tensor, dtv: Tensor, Bg: Tensor, Cg: Tensor):
     E = exp_decay(acs_h[..., :, None] - acs_h[..., None, :])
     W = (E * cb.unsqueeze(2)).mul_(dtv.permute(0, 3, 4, 1, 2).unsqueeze(-2))
     return W, E, cb
+
+
+def factored_scales(dtv: Tensor, A: Tensor, acs: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Per-token scales of the factored diagonal blocks, or None for a block with a (sample,
+    chunk, head) whose decay range ``|s_Q - s_1|`` exceeds :data:`FACTORED_RANGE`.
+
+    ``exp(s_i - s_j) = exp(s_i - m) exp(m - s_j)`` with ``m`` the middle of the chunk's range:
+    both factors stay within ``exp(+-50)`` (computed in float64, then rounded), so the decay
+    moves into scales of rows and columns and all heads of a group share one masked ``C B^T``.
+
+    Args:
+        dtv (Tensor): (b, c, Q, g, r) step sizes of the block's chunks.
+        A (Tensor): (h,) decay rates.
+        acs (Tensor): (b, c, Q, g, r) the chunk-local cumulative sums of ``dt A`` (the test).
+
+    Returns:
+        tuple | None: ``row = exp(s - m)`` and ``col = exp(m - s)`` (b, c, Q, g, r).
+    """
+    if ((acs[:, :, 0] - acs[:, :, -1]).abs() > FACTORED_RANGE).any():  # cheap test first
+        return None
+    g, r = dtv.shape[-2:]
+    acs = (dtv.double() * A.double().reshape(g, r)).cumsum(dim=2)
+    expo = acs - (acs[:, :, :1] + acs[:, :, -1:]) / 2
+    return expo.exp().to(dtv.dtype), expo.neg_().exp_().to(dtv.dtype)
+
+
+def factored_intra(xv: Tensor, dtv: Tensor, Bg: Tensor, Cg: Tensor, row: Tensor,
+                   col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Diagonal blocks in the factored form: ``y_i = row_i sum_{j<=i} (C_i . B_j) dt_j col_j
+    x_j``, ONE matrix product per group for all its heads.
+
+    Returns ``y`` (b, c, Q, g, r, p) (a view), the masked ``cb`` (b, g, c, Q, Q) and the
+    scanned values ``xs = x dt col`` as columns (b, g, c, Q, r*p).
+    """
+    cb = torch.matmul(Cg, Bg.transpose(-1, -2)).tril_()
+    xs = heads_as_columns(xv * (dtv * col)[..., None])
+    y = columns_as_heads(torch.matmul(cb, xs), xv.shape[-1]).mul_(row[..., None])
+    return y, cb, xs

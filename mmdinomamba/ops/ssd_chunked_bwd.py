@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, head_major,
-                                 heads_as_columns, intra_chunk_weights)
+from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, factored_intra,
+                                 factored_scales, head_major, heads_as_columns,
+                                 intra_chunk_weights)
 
 __all__ = ['backward_block']
 
@@ -53,6 +54,26 @@ def _bwd_intra(xv, dyv, acs, dtv, Bg, Cg):
     dC = torch.matmul(dcb, Bg)
     dB = torch.matmul(dcb.transpose(-1, -2), Cg)
     return dx, da, ddt, dB, dC, dD
+
+
+def _bwd_intra_factored(xv, dyv, dtv, Bg, Cg, row, col):
+    """Gradients of the diagonal blocks in the factored form
+    (:func:`~mmdinomamba.ops.ssd_chunked_blocks.factored_intra`). Returns dx, ds (gradient
+    w.r.t. the cumulative sums ``s``, through ``row`` and ``col``), ddt (b, c, Q, g, r), dB,
+    dC (b, g, c, Q, n) and dD (h,)."""
+    p = xv.shape[-1]
+    y, cb, xs = factored_intra(xv, dtv, Bg, Cg, row, col)  # y: row * (cb @ xs)
+    dys = heads_as_columns(dyv * row[..., None])
+    dxs = columns_as_heads(torch.matmul(cb.transpose(-1, -2), dys), p)
+    dcb = torch.matmul(dys, xs.transpose(-1, -2)).tril_()
+    dC = torch.matmul(dcb, Bg)
+    dB = torch.matmul(dcb.transpose(-1, -2), Cg)
+    t = (dxs * xv).sum(dim=-1)  # through xs = x dt col
+    ddt = t * col
+    # s_i enters y_i through row_i (+) and x_i through col_i (-)
+    ds = (dyv * y).sum(dim=-1).sub_(ddt * dtv)
+    dD = (dyv * xv).sum(dim=(0, 1, 2, 5)).reshape(-1)
+    return dxs.mul_((dtv * col)[..., None]), ds, ddt, dB, dC, dD
 
 
 def _reverse_states(dH_local: Tensor, cdec: Tensor, dstate: Tensor | None, p: int):
@@ -124,10 +145,18 @@ def backward_block(x, dt, A, B, C, D, Q: int, entering: Tensor, dy: Tensor, dsta
     """
     xv, dtv, acs, Bg, Cg = chunk_views(x, dt, A, B, C, Q)
     dyv = dy.reshape(xv.shape)
-    dx1, da1, ddt1, dB1, dC1, dD = _bwd_intra(xv, dyv, acs, dtv, Bg, Cg)
+    scales = factored_scales(dtv, A, acs)  # the forward's choice, from the same inputs
+    if scales is not None:
+        dx1, ds1, ddt1, dB1, dC1, dD = _bwd_intra_factored(xv, dyv, dtv, Bg, Cg, *scales)
+    else:
+        dx1, da1, ddt1, dB1, dC1, dD = _bwd_intra(xv, dyv, acs, dtv, Bg, Cg)
     dx2, ds2, da2, ddt2, dB2, dC2, dstate_in = _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering,
                                                           dstate)
-    da = ds2.flip(2).cumsum(dim=2).flip(2).add_(da1).add_(da2)  # s_i = sum_{k<=i} a_k
+    if scales is not None:  # s_i = sum_{k<=i} a_k; summed in float64 (the row and col terms
+        # of the factored form cancel in part)
+        da = ds2.double().add_(ds1).flip(2).cumsum(dim=2).flip(2).to(ds2.dtype).add_(da2)
+    else:
+        da = ds2.flip(2).cumsum(dim=2).flip(2).add_(da1).add_(da2)
     g, r = xv.shape[3:5]
     grads['A'] += (da * dtv).sum(dim=(0, 1, 2)).reshape(-1)
     ddt = torch.add(ddt1, ddt2).add_(da * A.reshape(g, r))

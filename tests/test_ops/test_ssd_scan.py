@@ -173,3 +173,52 @@ def test_clear_errors(bad, match):
     kw.update(bad)
     with pytest.raises(ValueError, match=match):
         ssd_scan(**kw)
+
+
+def _gentle(length, groups, seed, dtype=torch.float32):
+    """Mamba-2 init ranges (dt in [1e-3, 0.1], A in [-16, -1]): every chunk is factored."""
+    args = make_inputs(length, groups, seed=seed, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 100)
+    args[1] = torch.exp(torch.empty(args[1].shape, dtype=dtype).uniform_(-6.9, -2.3,
+                                                                         generator=gen))
+    return args
+
+
+@pytest.mark.parametrize('length,groups', [(100, 1), (700, 2)])
+def test_factored_chunks_float32_match_float64_recurrence(length, groups):
+    """The factored diagonal blocks (all heads of a group in one product) keep the float32
+    accuracy of the per-head form, outputs and every gradient."""
+    from mmdinomamba.ops.ssd_chunked_blocks import factored_scales
+    args = _gentle(length, groups, seed=11)
+    dtv = args[1][:, :PORTABLE_CHUNK_SIZE].reshape(2, 1, PORTABLE_CHUNK_SIZE, groups, -1)
+    acs = (dtv * args[2].reshape(groups, -1)).cumsum(2)
+    assert factored_scales(dtv, args[2], acs) is not None
+    ref_in, ins = _with_grads(args, torch.float64), _with_grads(args, torch.float32)
+    y_ref = ssd_scan_ref(*ref_in)
+    dy = torch.randn_like(y_ref)
+    y_ref.backward(dy)
+    y = ssd_scan_chunked(*ins)
+    y.backward(dy.float())
+    assert rel_err(y, y_ref) <= 1e-5
+    for name, a, r in zip('x dt A B C D'.split(), ins, ref_in):
+        assert rel_err(a.grad, r.grad) <= 1e-5, name
+
+
+def test_factored_and_per_head_blocks_in_one_scan_float64():
+    """Blocks that decay too strongly to factor take the per-head form, the others the factored
+    one, within one scan (state carried between them): tight in float64."""
+    from mmdinomamba.ops.ssd_chunked_blocks import factored_scales
+    args = _gentle(160, 2, seed=12, dtype=torch.float64)
+    args[1][:, 96:128] *= 400.0  # the fourth block of 32 tokens (tiles of one chunk)
+    dtv = [args[1][:, i:i + 32].reshape(2, 1, 32, 2, -1) for i in range(0, 160, 32)]
+    blocks = [factored_scales(d, args[2], (d * args[2].reshape(2, -1)).cumsum(2)) for d in dtv]
+    assert [s is None for s in blocks] == [False, False, False, True, False]
+    ins, ref = _with_grads(args, torch.float64), _with_grads(args, torch.float64)
+    dy = torch.randn(2, 160, HEADS, HEADDIM, dtype=torch.float64)
+    y = ssd_scan_chunked(*ins, chunk_size=32, tile_chunks=1)
+    y.backward(dy)
+    y_ref = ssd_scan_ref(*ref)
+    y_ref.backward(dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(ins, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
