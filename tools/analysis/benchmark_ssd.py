@@ -95,6 +95,9 @@ def _impl(name):
 def worker(case):
     """Run one case in this process; print one JSON line."""
     torch.set_num_threads(case['threads'])
+    if case.get('keep_freed_memory'):
+        from mmdinomamba.ops import keep_freed_cpu_memory
+        keep_freed_cpu_memory()
     device, cuda = case['device'], case['device'] == 'cuda'
     fn, args = _impl(case['impl']), _inputs(case['length'], case['heads'], device)
     backward = case['mode'] == 'fwd+bwd'
@@ -155,6 +158,9 @@ def main():
         help='default: cpu, plus cuda when available')
     parser.add_argument('--threads', type=int, default=int(os.environ.get('OMP_NUM_THREADS', 1)))
     parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help='CPU: let glibc keep freed blocks for reuse in every measured process '
+                        '(mmdinomamba.ops.keep_freed_cpu_memory, as tools/train.py does on CPU)')
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -173,7 +179,7 @@ def report(device, args):
     impls = ['portable'] + [f'minimal-{b}' for b in args.ref_blocks]
     impls += ['triton'] if device == 'cuda' else []
     print(f'\nSSD scan, batch 1, {args.heads} heads x 64, state 64, device {device}, '
-          f'threads {args.threads}; peak = ' +
+          f'threads {args.threads}, keep freed memory {args.keep_freed_memory}; peak = ' +
           ('CUDA max_memory_allocated growth' if device == 'cuda' else 'ru_maxrss growth'))
     print(f'{"impl":<12} {"L":>5} {"mode":<8} {"time ms":>9} {"peak MB":>9} '
           f'{"x faster":>9} {"x memory":>9}')
@@ -188,7 +194,8 @@ def report(device, args):
                         heads=args.heads,
                         device=device,
                         threads=args.threads,
-                        repeats=args.repeats)) for i in impls
+                        repeats=args.repeats,
+                        keep_freed_memory=args.keep_freed_memory)) for i in impls
             ]
             ours = rows[0]
             for r in rows:
