@@ -244,8 +244,9 @@ def keep_freed_memory_on_cpu() -> bool:
     """On a machine without CUDA, let the process keep freed CPU memory for reuse
     (:func:`~mmdinomamba.ops.keep_freed_cpu_memory`): eager CPU training allocates the same
     large temporaries every step, and glibc otherwise hands them back to the system and pays
-    page faults to get them again. The demo's DINO step runs about 1.25x faster with it; peak
-    memory is unchanged. ``MMDINOMAMBA_KEEP_FREED_MEMORY=0`` turns it off.
+    page faults to get them again. The demo model's DINO step measured 1.25x faster with it
+    (``tools/analysis/benchmark.py --modes dino`` with and without ``--keep-freed-memory``);
+    peak memory is unchanged. ``MMDINOMAMBA_KEEP_FREED_MEMORY=0`` turns it off.
 
     Returns:
         bool: whether the setting was applied.
