@@ -17,6 +17,10 @@ What makes it fast and lean compared with the textbook ``ssd_minimal`` form:
 * no (chunks x chunks) segment-sum tensor, no 5-D einsums with large intermediates;
 * ``C B^T`` is computed once per group and shared by the heads of the group; the state and
   inter-chunk products fold the heads of a group into one GEMM (``(n x Q) @ (Q x heads*p)``);
+* when no chunk of a block decays over a range above ``FACTORED_RANGE`` (100), the diagonal
+  blocks are factored too (``exp(s_i - s_j) = exp(s_i - m) exp(m - s_j)``, see
+  :func:`~mmdinomamba.ops.ssd_chunked_blocks.factored_scales`): one GEMM per group for all its
+  heads and no per-head (Q x Q) work; other blocks build their weights per head;
 * decay exponents are clamped to ``[-60, 0]`` before ``exp`` (see
   :func:`~mmdinomamba.ops.ssd_chunked_blocks.exp_decay`);
 * a custom autograd function saves only the inputs and the (n, p) state entering each chunk,
