@@ -32,6 +32,36 @@ def _with_grads(args, dtype):
     return [None if a is None else a.detach().to(dtype).requires_grad_() for a in args]
 
 
+def assert_float32_close_to_float64(scan, args):
+    """``scan`` in float32 against the float64 recurrence: output and every gradient within
+    1e-5 relative; returns the float32 inputs (with their gradients)."""
+    ref_in, ins = _with_grads(args, torch.float64), _with_grads(args, torch.float32)
+    y_ref = ssd_scan_ref(*ref_in)
+    dy = torch.randn_like(y_ref)
+    y_ref.backward(dy)
+    y = scan(*ins)
+    y.backward(dy.float())
+    assert y.dtype == torch.float32 and rel_err(y, y_ref) <= 1e-5
+    for name, a, r in zip('x dt A B C D'.split(), ins, ref_in):
+        if a is not None:
+            assert rel_err(a.grad, r.grad) <= 1e-5, name
+    return ins
+
+
+def assert_float64_exact(scan, args):
+    """``scan`` in float64 == the recurrence, output and every gradient, to 1e-9."""
+    ins, ref = _with_grads(args, torch.float64), _with_grads(args, torch.float64)
+    dy = torch.randn(args[0].shape, dtype=torch.float64)
+    y = scan(*ins)
+    y.backward(dy)
+    y_ref = ssd_scan_ref(*ref)
+    y_ref.backward(dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(ins, ref):
+        if a is not None:
+            torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize('length', [1, 17, 196, 197, 256, 1000])
 @pytest.mark.parametrize('groups', [1, 2])
 @pytest.mark.parametrize('with_d', [True, False])
@@ -74,16 +104,7 @@ def test_gradients_with_tiles_and_ragged_chunks():
 
 def test_batch_slices_are_independent():
     """Batch 5 at L=300 runs as batch slices of 4 + 1 (work units of ~1024 token rows)."""
-    args = _with_grads(make_inputs(300, groups=2, batch=5, seed=10), torch.float64)
-    ref = _with_grads(args, torch.float64)
-    dy = torch.randn(5, 300, HEADS, HEADDIM, dtype=torch.float64)
-    y = ssd_scan_chunked(*args)
-    y.backward(dy)
-    y_ref = ssd_scan_ref(*ref)
-    y_ref.backward(dy)
-    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
-    for a, r in zip(args, ref):
-        torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
+    assert_float64_exact(ssd_scan_chunked, make_inputs(300, groups=2, batch=5, seed=10))
 
 
 @pytest.mark.parametrize('chunk_size,tile_chunks', [(1, 1), (7, 2), (16, 4), (64, 4), (300, 1)])
@@ -193,15 +214,7 @@ def test_factored_chunks_float32_match_float64_recurrence(length, groups):
     dtv = args[1][:, :PORTABLE_CHUNK_SIZE].reshape(2, 1, PORTABLE_CHUNK_SIZE, groups, -1)
     acs = (dtv * args[2].reshape(groups, -1)).cumsum(2)
     assert factored_scales(dtv, args[2], acs) is not None
-    ref_in, ins = _with_grads(args, torch.float64), _with_grads(args, torch.float32)
-    y_ref = ssd_scan_ref(*ref_in)
-    dy = torch.randn_like(y_ref)
-    y_ref.backward(dy)
-    y = ssd_scan_chunked(*ins)
-    y.backward(dy.float())
-    assert rel_err(y, y_ref) <= 1e-5
-    for name, a, r in zip('x dt A B C D'.split(), ins, ref_in):
-        assert rel_err(a.grad, r.grad) <= 1e-5, name
+    assert_float32_close_to_float64(ssd_scan_chunked, args)
 
 
 def test_factored_and_per_head_blocks_in_one_scan_float64():
@@ -213,12 +226,4 @@ def test_factored_and_per_head_blocks_in_one_scan_float64():
     dtv = [args[1][:, i:i + 32].reshape(2, 1, 32, 2, -1) for i in range(0, 160, 32)]
     blocks = [factored_scales(d, args[2], (d * args[2].reshape(2, -1)).cumsum(2)) for d in dtv]
     assert [s is None for s in blocks] == [False, False, False, True, False]
-    ins, ref = _with_grads(args, torch.float64), _with_grads(args, torch.float64)
-    dy = torch.randn(2, 160, HEADS, HEADDIM, dtype=torch.float64)
-    y = ssd_scan_chunked(*ins, chunk_size=32, tile_chunks=1)
-    y.backward(dy)
-    y_ref = ssd_scan_ref(*ref)
-    y_ref.backward(dy)
-    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
-    for a, r in zip(ins, ref):
-        torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
+    assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)
