@@ -14,7 +14,8 @@ from mmengine.runner import Runner  # noqa: E402
 
 from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
                                    check_out_path, dump_metrics, finish_distributed,
-                                   load_config, setup_cpu_distributed)
+                                   keep_freed_memory_on_cpu, load_config,
+                                   setup_cpu_distributed)
 
 
 def parse_args(argv=None):
