@@ -76,25 +76,39 @@ def _bwd_intra_factored(xv, dyv, dtv, Bg, Cg, row, col):
     return dxs.mul_((dtv * col)[..., None]), ds, ddt, dB, dC, dD
 
 
-def _reverse_states(dH_local: Tensor, cdec: Tensor, dstate: Tensor | None, p: int):
-    """Gradients w.r.t. the state leaving each chunk (= dS) and w.r.t. the block's input state.
+def _reverse_states(dH_local: Tensor, cdec: Tensor, dstate: Tensor | None, entering: Tensor,
+                    p: int):
+    """Gradients w.r.t. the state leaving each chunk (= dS), w.r.t. each chunk's decay and
+    w.r.t. the block's input state.
 
     ``dH_local`` (b, g, c, n, r*p) is the gradient w.r.t. each chunk's entering state through
     its own outputs; ``cdec`` (b, c, g, r) the chunk decays; ``dstate`` (b, g, n, r*p) the
-    gradient w.r.t. the block's final state (None = zero).
+    gradient w.r.t. the block's final state (None = zero); ``entering`` (like ``dH_local``) the
+    states entering the chunks.
+
+    Returns:
+        tuple: ``dS`` (like ``dH_local``), ``ds_last`` (b, c, g, r) the gradient w.r.t. each
+        chunk's total log-decay ``s_Q`` through the state it passes on, and the gradient w.r.t.
+        the block's input state (b, g, n, r*p).
     """
     b, g, c, n, rp = dH_local.shape
     dec = cdec.permute(0, 2, 1, 3).reshape(b, g, c, 1, rp // p, 1)
     local = dH_local.view(b, g, c, n, rp // p, p)
+    ent = entering.view(local.shape)
     dS = torch.empty_like(local)
+    ds_last = cdec.new_empty(cdec.shape)
+    scratch = local.new_empty(b, g, n, rp // p, p)
     if dstate is None:
         dS[:, :, -1].zero_()
     else:
         dS[:, :, -1].copy_(dstate.view(b, g, n, -1, p))
-    for k in range(c - 1, 0, -1):  # each gradient is written once, in place
-        torch.addcmul(local[:, :, k], dS[:, :, k], dec[:, :, k], out=dS[:, :, k - 1])
+    for k in range(c - 1, -1, -1):  # each gradient is written once, in place
+        # H_out = exp(s_Q) H_in + S: sum(dH_out * H_in), while dS[k] is still in cache
+        ds_last[:, k] = torch.mul(ent[:, :, k], dS[:, :, k], out=scratch).sum(dim=(2, 4))
+        if k:
+            torch.addcmul(local[:, :, k], dS[:, :, k], dec[:, :, k], out=dS[:, :, k - 1])
     dstate_in = torch.addcmul(local[:, :, 0], dS[:, :, 0], dec[:, :, 0])
-    return dS.view(b, g, c, n, rp), dstate_in.view(b, g, n, rp)
+    return dS.view(b, g, c, n, rp), ds_last.mul_(cdec), dstate_in.view(b, g, n, rp)
 
 
 def _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering, dstate):
@@ -108,10 +122,8 @@ def _bwd_inter(xv, dyv, acs, dtv, Bg, Cg, entering, dstate):
     dC = torch.matmul(dy_s, entering.transpose(-1, -2))
     ds = (columns_as_heads(torch.matmul(Cg, entering), p) * columns_as_heads(dy_s, p)).sum(dim=-1)
     cdec = exp_decay(acs[:, :, -1].clone())  # (b, c, g, r)
-    dS, dstate_in = _reverse_states(torch.matmul(Cg.transpose(-1, -2).contiguous(), dy_s), cdec, dstate, p)
-    b, g, c, n, rp = dS.shape
-    ds_last = (entering * dS).view(b, g, c, n, rp // p, p).sum(dim=(3, 5)).transpose(1, 2)
-    ds_last.mul_(cdec)
+    dS, ds_last, dstate_in = _reverse_states(
+        torch.matmul(Cg.transpose(-1, -2).contiguous(), dy_s), cdec, dstate, entering, p)
 
     to_end = exp_decay(acs[:, :, -1:] - acs)  # (b, c, Q, g, r)
     coef = to_end * dtv
