@@ -172,11 +172,10 @@ def backward_block(x, dt, A, B, C, D, Q: int, entering: Tensor, dy: Tensor, dsta
     g, r = xv.shape[3:5]
     grads['A'] += (da * dtv).sum(dim=(0, 1, 2)).reshape(-1)
     ddt = torch.add(ddt1, ddt2).add_(da * A.reshape(g, r))
-    dx = torch.add(dx1, dx2)
+    dx = torch.add(dx1, dx2, out=grads['x'][index].view(xv.shape))  # no copy afterwards
     if D is not None:
         dx.addcmul_(dyv, D.reshape(g, r, 1))
         grads['D'] += dD
-    grads['x'][index].view(xv.shape).copy_(dx)
     grads['dt'][index].view(dtv.shape).copy_(ddt)
     for key, val in (('B', dB1.add_(dB2)), ('C', dC1.add_(dC2))):
         grads[key][index].view(xv.shape[:4] + val.shape[-1:]).copy_(val.permute(0, 2, 3, 1, 4))
