@@ -123,7 +123,6 @@ def _background(rng: np.random.Generator, size: int, num=(40, 70), radius=(0.04,
     return np.asarray(canvas).astype(np.float32) + rng.normal(0, 6, (size, size, 3))
 
 
-
 def _place(rng, size, radius, taken, tries=50):
     """A centre for a disc of ``radius`` fully inside the image, away from ``taken`` discs."""
     for _ in range(tries):

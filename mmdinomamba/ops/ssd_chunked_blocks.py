@@ -12,7 +12,8 @@ __all__ = ['EXP_FLOOR', 'FACTORED_RANGE', 'exp_decay', 'chunk_views', 'head_majo
            'factored_intra']
 
 EXP_FLOOR = -60.0
-#: Largest decay range ``|s_Q - s_1|`` of a chunk computed in the factored form.
+#: Largest decay range ``|s_last - s_first|`` of a head (the quadratic form) or of a chunk (the
+#: chunked scan's diagonal blocks) computed in the factored form: both factors ``exp(+-50)``.
 FACTORED_RANGE = 100.0
 
 

@@ -31,12 +31,10 @@ import torch
 from torch import Tensor
 
 from . import ssd_quadratic_heads as heads
+from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
-
-#: Largest decay range ``|S_first - S_last|`` of a head computed in the factored form.
-FACTORED_RANGE = 100.0
 
 
 @dataclass
