@@ -79,20 +79,12 @@ class BinaryAUCHook(PeriodicEvalHook):
         metrics, examples = evaluate_binary_auc(
             find_backbone(runner.model), self._dataloader(runner), self.preprocessor,
             self.featmap_cfg, self.metric_cfg, num_examples=self.num_examples)
-        self._log(runner, metrics, step)
-        self._save_examples(runner, examples, step)
-        self.last_metrics = metrics
-        return metrics
-
-    def _log(self, runner, metrics: dict, step: int) -> None:
-        for key, value in metrics.items():
-            runner.message_hub.update_scalar(key, value)
-        runner.visualizer.add_scalars(metrics, step=step)
         main = {k: round(v, 2) for k, v in metrics.items()
                 if k.rsplit('/', 1)[-1] in ('auc', 'auc_norm', 'skipped', 'num_images')}
-        unit = 'epoch' if self.by_epoch else 'iter'
-        runner.logger.info(f'Binary-AUC of the teacher backbone at {unit} {step} '
-                           f'({self.featmap_cfg["map_type"]} maps, %): {main}')
+        self.publish(runner, metrics, step, 'Binary-AUC',
+                     f' ({self.featmap_cfg["map_type"]} maps, %): {main}')
+        self._save_examples(runner, examples, step)
+        return metrics
 
     def _save_examples(self, runner, examples, step: int) -> None:
         if not examples or not is_main_process():

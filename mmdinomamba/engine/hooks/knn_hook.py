@@ -86,12 +86,6 @@ class KNNEvalHook(PeriodicEvalHook):
     def evaluate(self, runner, step: int) -> dict:
         """Run the evaluation now; returns and logs the metrics."""
         metrics = self.compute(find_backbone(runner.model))
-        for key, value in metrics.items():
-            runner.message_hub.update_scalar(key, value)
-        runner.visualizer.add_scalars(metrics, step=step)
-        unit = 'epoch' if self.by_epoch else 'iter'
-        runner.logger.info(f'k-NN (k={self.k}, T={self.temperature}) of the teacher backbone at '
-                           f'{unit} {step}: ' + ', '.join(f'{k} {v:.2f}'
-                                                          for k, v in metrics.items()))
-        self.last_metrics = metrics
+        self.publish(runner, metrics, step, f'k-NN (k={self.k}, T={self.temperature})',
+                     ': ' + ', '.join(f'{k} {v:.2f}' for k, v in metrics.items()))
         return metrics

@@ -31,3 +31,14 @@ class PeriodicEvalHook(Hook):
 
     def evaluate(self, runner, step: int) -> dict:
         raise NotImplementedError
+
+    def publish(self, runner, metrics: dict, step: int, name: str, detail: str) -> None:
+        """Send ``metrics`` to the message hub and every visualizer backend, keep them as
+        ``last_metrics`` and log ``<name> of the teacher backbone at <epoch|iter> <step>`` and
+        ``detail``."""
+        for key, value in metrics.items():
+            runner.message_hub.update_scalar(key, value)
+        runner.visualizer.add_scalars(metrics, step=step)
+        unit = 'epoch' if self.by_epoch else 'iter'
+        runner.logger.info(f'{name} of the teacher backbone at {unit} {step}{detail}')
+        self.last_metrics = metrics
