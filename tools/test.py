@@ -65,6 +65,7 @@ def main(argv=None):
     metrics = runner.test()
     if args.out:
         dump_metrics(metrics, args.out)
+    del runner  # before the process group goes (see finish_distributed)
     finish_distributed()
     return metrics
 

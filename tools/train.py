@@ -108,6 +108,7 @@ def main(argv=None):
     setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
+    del runner  # before the process group goes (see finish_distributed)
     finish_distributed()
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by the tools: ``--cfg-options`` parsing, config loading with clear errors."""
 import difflib
+import gc
 import json
 import logging
 import math
@@ -262,10 +263,13 @@ def finish_distributed() -> None:
 
     A ``gloo`` group left to the interpreter's exit can abort a process while its threads are
     torn down (``terminate called without an active exception``), failing a run that finished.
-    A no-op without a process group.
+    Call it after dropping the runner: the garbage collection here then frees what still holds
+    the group (the DDP wrapper and its reducer), so the group is really destroyed now, while the
+    interpreter is whole. A no-op without a process group.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 
