@@ -2,26 +2,50 @@
 
 * ``'ref'``: the naive sequential recurrence (:func:`ssd_scan_ref`, tests only);
 * ``'torch'``: the portable PyTorch scan, the CPU default: the quadratic form
-  (:func:`ssd_scan_quadratic`) up to :func:`~mmdinomamba.ops.quadratic_max_len` tokens, the
-  chunked scan (:func:`ssd_scan_chunked`, chunks of :data:`PORTABLE_CHUNK_SIZE`) beyond;
+  (:func:`ssd_scan_quadratic`) where :func:`use_quadratic_form` says it pays (up to
+  :func:`~mmdinomamba.ops.quadratic_max_len` tokens, few strongly decaying heads), else the
+  chunked scan (:func:`ssd_scan_chunked`, chunks of :data:`PORTABLE_CHUNK_SIZE`);
 * ``'triton'``: ``mamba_ssm``'s ``mamba_chunk_scan_combined`` for CUDA tensors.
 
 ``'auto'`` picks Triton for CUDA tensors when ``mamba_ssm`` can be imported, else the portable
 scan. A requested but unusable Triton backend degrades to the portable scan with a logged
 note, never an error (see ``_triton.py``).
 """
+import torch
 from torch import Tensor
 
 from . import _triton
 from ._triton import chunk_scan_fn, log_once
 from .ssd_chunked import PORTABLE_CHUNK_SIZE, ssd_scan_chunked
-from .ssd_quadratic import ssd_scan_quadratic
+from .ssd_quadratic import FACTORED_RANGE, ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
 from .variants import quadratic_max_len
 
-__all__ = ['ssd_scan', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS']
+__all__ = ['ssd_scan', 'use_quadratic_form', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS',
+           'WIDE_TOKENS']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
+
+#: The quadratic form computes the (sample, head) pairs whose decay over the sequence exceeds
+#: ``FACTORED_RANGE`` one by one, at several times the cost of the others, and its cost per pair
+#: grows with the length; it is used while (share of such pairs) x (tokens) stays at most this.
+#: Measured crossovers of a BiSSD layer, forward + backward, 2 threads (docs/results.md): share
+#: 0.6-0.7 at 65 tokens (demo size), 0.25 at 197 (DinoVim-T), about 0.1 at 401.
+WIDE_TOKENS = 40
+
+
+def use_quadratic_form(dt: Tensor, A: Tensor, headdim: int, d_state: int) -> bool:
+    """Whether the portable scan of step sizes ``dt`` (batch, length, heads) (softplus
+    applied) and decay rates ``A`` (heads,) takes the quadratic form: at most
+    :func:`~mmdinomamba.ops.quadratic_max_len` tokens, and a share of strongly decaying
+    (sample, head) pairs of at most ``WIDE_TOKENS / length``. Both forms are exact; this only
+    picks the faster one."""
+    length = dt.shape[1]
+    if length > quadratic_max_len(headdim, d_state):
+        return False
+    with torch.no_grad():
+        wide = (dt * A).sum(1).abs() > FACTORED_RANGE
+        return wide.float().mean().item() * length <= WIDE_TOKENS
 
 
 def ssd_scan(x: Tensor,
@@ -58,7 +82,7 @@ def ssd_scan(x: Tensor,
             'scan', chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C, chunk_size,
             D=D)) is not None:
         return y
-    if x.shape[1] <= quadratic_max_len(x.shape[-1], B.shape[-1]):
+    if use_quadratic_form(dt, A, x.shape[-1], B.shape[-1]):
         return ssd_scan_quadratic(x, dt, A, B, C, D)
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=PORTABLE_CHUNK_SIZE)
 

@@ -14,8 +14,8 @@ Two exact forms, chosen per (sample, direction, head) by the range ``rho = |S_fi
 * factored (``rho <= 100``): ``exp(S_i - S_j) = exp(S_i - c) exp(c - S_j)`` with ``c`` the
   middle of the range (both factors within ``exp(+-50)``, computed in float64), so the decay
   moves into per-token scales of ``x`` and ``y`` and every head of a group shares one masked
-  ``C^T B``: ``y = e_row * (tril(C^T B) @ (x dt e_col))``, ONE matrix product per group and no
-  per-head (L, L) work at all;
+  ``C^T B``: ``y = e_row * (tril(C^T B) @ (x dt e_col))``, ONE matrix product per group (its
+  all-zero blocks skipped, :mod:`.ssd_triangles`) and no per-head (L, L) work at all;
 * per head (``rho > 100``, strong decay): ``W = exp(clamp(hi_i - hi_j, -60, 0)) * C^T B``
   built per head (:mod:`.ssd_quadratic_heads`).
 
@@ -33,6 +33,7 @@ from torch import Tensor
 from . import ssd_quadratic_heads as heads
 from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
+from .ssd_triangles import apply_masked, apply_masked_t, mask_triangles, masked_outer
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -95,15 +96,6 @@ def _group_products(B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
     return mask_triangles(cb), cb_diag
 
 
-def mask_triangles(t: Tensor) -> Tensor:
-    """Zero (in place) all but the strict lower triangle of direction 0 and the strict upper
-    triangle of direction 1 of ``t`` (b, R, ..., L, L)."""
-    t[:, 0].tril_(-1)
-    if t.shape[1] == 2:
-        t[:, 1].triu_(1)
-    return t
-
-
 def _transposed(t: Tensor) -> Tensor:
     """A contiguous copy of ``t.mT``: CPU GEMMs with a transposed right operand of odd size
     (e.g. 65 or 197 tokens) run up to 2x slower than on the copy."""
@@ -123,7 +115,7 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     S, row, col, wide = _factors(dt, A)
     cb, cb_diag = _group_products(B, C)
     xs = _grouped(x * (dt * col).unsqueeze(-2), g)
-    ys = torch.matmul(xs, _transposed(cb))
+    ys = apply_masked(xs, cb)
     y = ys.view(x.shape) * row.unsqueeze(-2)
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
@@ -144,8 +136,8 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     g = B.shape[2]
     xs = st.scanned(x, dt)
     dys = _grouped(dy * st.row.unsqueeze(-2), g)
-    dxs = torch.matmul(dys, st.cb).view(x.shape)
-    dcb = mask_triangles(torch.matmul(dys.transpose(-1, -2), xs))
+    dxs = apply_masked_t(dys, st.cb).view(x.shape)
+    dcb = masked_outer(dys, xs)
     scratch = torch.empty_like(dy)
     dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
     # S_i enters y_i through row_i (+) and x_i through col_i (-)

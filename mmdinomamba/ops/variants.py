@@ -44,6 +44,8 @@ class FastPathVariant:
         quadratic_max_len (int | None): CPU: sequences up to this length run as one autograd
             function (conv, scan in the quadratic form, merge); longer ones, or all with 0, as
             separate ops with the chunked scan. None: :func:`quadratic_max_len`.
+        triangle_blocks (bool): CPU, quadratic form: skip the all-zero token blocks of its
+            triangular matrix products (:mod:`.ssd_triangles`; False: full products).
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -51,6 +53,7 @@ class FastPathVariant:
     recompute_conv: bool = True
     recompute_merge: bool = True
     quadratic_max_len: int | None = None
+    triangle_blocks: bool = True
 
 
 _current = FastPathVariant()

@@ -1,10 +1,14 @@
 """The quadratic SSD form (factored per group, per head for strong decay) == the sequential
 recurrence, outputs and gradients, in float32 and float64."""
+from unittest.mock import patch
+
 import pytest
 import torch
 
-from mmdinomamba.ops import fast_path_variant, ssd_scan, ssd_scan_quadratic, ssd_scan_ref
+from mmdinomamba.ops import (fast_path_variant, ssd_scan, ssd_scan_quadratic, ssd_scan_ref,
+                             use_quadratic_form)
 from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
+from mmdinomamba.ops.ssd_triangles import block_bounds
 
 from test_ssd_scan import (HEADS, HEADDIM, assert_float32_close_to_float64, assert_float64_exact,
                            make_inputs, rel_err)
@@ -51,11 +55,14 @@ def test_factored_and_per_head_heads_in_one_batch_float64():
 
 
 @pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
-def test_anti_causal_direction_is_the_flipped_scan(scale):
+@pytest.mark.parametrize('length,groups', [(33, 1), (130, 2), (200, 1)])  # 1, 2, 3 blocks
+def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups):
     """Direction 1 of the channel-major layout is the scan of the reversed sequence, read back in
-    the original order; both directions in one call (float64)."""
-    fwd, bwd = gentle_inputs(33, dtype=torch.float64, seed=5), gentle_inputs(
-        33, dtype=torch.float64, seed=6)
+    the original order; both directions in one call (float64), with the triangular products in
+    one block or cut into blocks."""
+    assert len(block_bounds(length)) - 1 == {33: 1, 130: 2, 200: 3}[length]
+    fwd, bwd = gentle_inputs(length, groups, dtype=torch.float64, seed=5), gentle_inputs(
+        length, groups, dtype=torch.float64, seed=6)
     bwd[1] = bwd[1] * scale
 
     def channel_major(x, dt, A, B, C, D):
@@ -87,6 +94,46 @@ def test_anti_causal_direction_is_the_flipped_scan(scale):
     torch.autograd.backward([o.permute(0, 2, 3, 1) for o in refs], [dy[:, 0], dy[:, 1]])
     for got, leaf in zip(grads, leaves):
         torch.testing.assert_close(got, leaf.grad, rtol=1e-9, atol=1e-10)
+
+
+def test_triangle_blocks_equal_the_full_products():
+    """Skipping the all-zero blocks changes nothing but rounding: both directions, two groups,
+    factored and per-head heads (float64), against ``triangle_blocks=False``."""
+    gen = torch.Generator().manual_seed(11)
+    b, R, h, p, g, n, length = 2, 2, 4, 8, 2, 16, 200
+    x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=torch.float64)
+             for _ in range(2))
+    dt = torch.rand(b, R, h, length, generator=gen, dtype=torch.float64) * 0.05
+    dt[:, :, 0] *= 100  # one head per direction too wide to factor
+    A = -torch.rand(R, h, generator=gen, dtype=torch.float64) - 0.5
+    B, C = (torch.randn(b, R, g, n, length, generator=gen, dtype=torch.float64)
+            for _ in range(2))
+    D = torch.randn(R, h, generator=gen, dtype=torch.float64)
+    results = []
+    for blocks in (True, False):
+        with fast_path_variant(triangle_blocks=blocks):
+            assert len(block_bounds(length)) - 1 == (3 if blocks else 1)
+            y, st = scan_forward(x, dt, A, B, C, D)
+            assert st.wide[:, :, 0].all() and not st.wide[:, :, 1:].any()
+            results.append((y, *scan_backward(dy, x, dt, A, B, C, st, True)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_strongly_decaying_heads_move_short_scans_to_the_chunked_form():
+    """The quadratic form computes strongly decaying heads one by one: with a share of them
+    above ``WIDE_TOKENS / length`` the (exact, faster) chunked scan is used instead."""
+    args = gentle_inputs(100, seed=12)
+    x, dt, A = args[:3]
+    assert use_quadratic_form(dt, A, HEADDIM, 16)
+    strong = [x, dt * 300.0, *args[2:]]  # every head decays too fast to factor
+    assert not use_quadratic_form(strong[1], A, HEADDIM, 16)
+    with patch('mmdinomamba.ops.ssd.ssd_scan_quadratic', side_effect=AssertionError):
+        chunked = ssd_scan(*strong, backend='torch')  # not the quadratic form
+    want = ssd_scan_ref(*(t.double() for t in strong))
+    assert rel_err(chunked, want) <= 1e-5 and rel_err(ssd_scan_quadratic(*strong), want) <= 1e-5
+    with fast_path_variant(quadratic_max_len=0):
+        assert not use_quadratic_form(dt, A, HEADDIM, 16)
 
 
 def test_ssd_scan_picks_the_quadratic_form_for_short_sequences():

@@ -2,9 +2,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from unittest.mock import patch
 
-from mmdinomamba.ops import (PORTABLE_CHUNK_SIZE, ssd_mixing_matrix, ssd_scan, ssd_scan_chunked,
-                             ssd_scan_ref)
+from mmdinomamba.ops import (PORTABLE_CHUNK_SIZE, fast_path_variant, ssd, ssd_mixing_matrix,
+                             ssd_scan, ssd_scan_chunked, ssd_scan_ref)
 
 HEADS, HEADDIM, STATE = 4, 8, 16
 
@@ -129,12 +130,16 @@ def test_mixing_matrix_reproduces_scan():
 
 
 def test_two_problems_as_extra_heads_and_groups():
-    """Stacking two scans along heads (2x groups) equals two separate scans (BiSSD layout)."""
+    """Stacking two scans along heads (2x groups) equals two separate scans (BiSSD layout), in
+    either portable form (the calls could otherwise pick different forms: their shares of
+    strongly decaying heads differ)."""
     p1, p2 = make_inputs(50, seed=5), make_inputs(50, seed=6)
     stacked = [torch.cat([a, b], dim=2 if a.dim() > 2 else 0) for a, b in zip(p1, p2)]
-    got = ssd_scan(*stacked, backend='torch')
-    torch.testing.assert_close(got[:, :, :HEADS], ssd_scan(*p1, backend='torch'))
-    torch.testing.assert_close(got[:, :, HEADS:], ssd_scan(*p2, backend='torch'))
+    for max_len in (0, 64):  # chunked, quadratic
+        with fast_path_variant(quadratic_max_len=max_len), patch.object(ssd, 'WIDE_TOKENS', 64):
+            got = ssd_scan(*stacked, backend='torch')
+            torch.testing.assert_close(got[:, :, :HEADS], ssd_scan(*p1, backend='torch'))
+            torch.testing.assert_close(got[:, :, HEADS:], ssd_scan(*p2, backend='torch'))
 
 
 def test_backends_agree_on_cpu_and_triton_falls_back():

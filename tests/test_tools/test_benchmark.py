@@ -23,18 +23,19 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'quadratic=True with_cp=False keep_freed_memory=False chunk_size=default'
-            in capsys.readouterr().out)
+            'quadratic=True triangle_blocks=True with_cp=False keep_freed_memory=False '
+            'chunk_size=default' in capsys.readouterr().out)
 
 
 def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
         tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--no-recompute-merge', '--no-quadratic', '--with-cp', '--chunk-size',
-                         '64']))
+                         '--no-recompute-merge', '--no-quadratic', '--no-triangle-blocks',
+                         '--with-cp', '--chunk-size', '64']))
     assert opts['variant'] == dict(fused_conv=False, fused_merge=False, recompute_conv=False,
-                                   recompute_merge=False, quadratic_max_len=0)
+                                   recompute_merge=False, quadratic_max_len=0,
+                                   triangle_blocks=False)
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
     assert mixer.chunk_size == 64

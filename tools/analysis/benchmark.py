@@ -76,6 +76,8 @@ FAST_PATH_SWITCHES = {
     'recompute_merge': 'CUDA: keep the merged output for out_proj instead of recomputing it',
     'quadratic': 'CPU: separate ops and the chunked scan instead of one function with the '
                  'quadratic scan',
+    'triangle_blocks': 'CPU: the quadratic scan\'s triangular products in full instead of '
+                       'skipping their all-zero blocks',
 }
 
 

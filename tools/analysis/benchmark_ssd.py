@@ -19,7 +19,11 @@ Implementations:
 * ``minimal-<block>``: the 4-step segsum algorithm of mamba_ssm's ``ssd_minimal.py``
   (re-written here): per-head B/C, L padded to a multiple of the block, 5-D einsums and a
   (chunks+1)^2 segsum for the state passing; autograd for the backward;
-* ``triton`` (CUDA only): ``mamba_chunk_scan_combined`` when mamba_ssm imports.
+* ``triton`` (CUDA only): ``mamba_chunk_scan_combined`` when mamba_ssm imports;
+* with ``--quadratic``: ``quadratic``, the quadratic ("attention-like") form of the CPU fast path
+  for short sequences (``mmdinomamba.ops.ssd_scan_quadratic``, one causal direction), and
+  ``quadratic-full``, the same with ``fast_path_variant(triangle_blocks=False)`` (full (L, L)
+  products instead of skipping their all-zero blocks).
 
 Inputs: batch 1, ``--heads`` heads of 64 channels, state 64, one group; ``dt = softplus(N(-2, 1))``
 (median 0.13), ``A = -U(1, 16)`` (the Mamba-2 init range), so decays span gentle to strong.
@@ -84,6 +88,9 @@ def _inputs(length, heads, device, seed=0):
 
 
 def _impl(name):
+    if name.startswith('quadratic'):
+        from mmdinomamba.ops import ssd_scan_quadratic
+        return ssd_scan_quadratic
     if name in ('portable', 'triton'):
         from mmdinomamba.ops import ssd_scan
         backend = 'torch' if name == 'portable' else 'triton'
@@ -94,6 +101,14 @@ def _impl(name):
 
 def worker(case):
     """Run one case in this process; print one JSON line."""
+    if case['impl'] == 'quadratic-full':
+        from mmdinomamba.ops import fast_path_variant
+        with fast_path_variant(triangle_blocks=False):  # the backward pass too
+            return _measure(case)
+    return _measure(case)
+
+
+def _measure(case):
     torch.set_num_threads(case['threads'])
     if case.get('keep_freed_memory'):
         from mmdinomamba.ops import keep_freed_cpu_memory
@@ -161,6 +176,9 @@ def main():
     parser.add_argument('--keep-freed-memory', action='store_true',
                         help='CPU: let glibc keep freed blocks for reuse in every measured process '
                         '(mmdinomamba.ops.keep_freed_cpu_memory, as tools/train.py does on CPU)')
+    parser.add_argument('--quadratic', action='store_true',
+                        help='also measure the quadratic form, with and without its '
+                        'triangle blocks (for short sequences, e.g. --lengths 197 512)')
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -178,10 +196,11 @@ def report(device, args):
     """Run and print all cases of one device."""
     impls = ['portable'] + [f'minimal-{b}' for b in args.ref_blocks]
     impls += ['triton'] if device == 'cuda' else []
+    impls += ['quadratic', 'quadratic-full'] if args.quadratic else []
     print(f'\nSSD scan, batch 1, {args.heads} heads x 64, state 64, device {device}, '
           f'threads {args.threads}, keep freed memory {args.keep_freed_memory}; peak = ' +
           ('CUDA max_memory_allocated growth' if device == 'cuda' else 'ru_maxrss growth'))
-    print(f'{"impl":<12} {"L":>5} {"mode":<8} {"time ms":>9} {"peak MB":>9} '
+    print(f'{"impl":<14} {"L":>5} {"mode":<8} {"time ms":>9} {"peak MB":>9} '
           f'{"x faster":>9} {"x memory":>9}')
     for length in args.lengths:
         for mode in ('fwd', 'fwd+bwd'):
@@ -199,7 +218,7 @@ def report(device, args):
             ]
             ours = rows[0]
             for r in rows:
-                print(f'{r["impl"]:<12} {length:>5} {mode:<8} {r["ms"]:>9.1f} '
+                print(f'{r["impl"]:<14} {length:>5} {mode:<8} {r["ms"]:>9.1f} '
                       f'{r["peak_mb"]:>9.1f} {r["ms"] / ours["ms"]:>9.2f} '
                       f'{r["peak_mb"] / max(ours["peak_mb"], 1e-9):>9.2f}')
 

@@ -8,6 +8,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 from torch import Tensor
@@ -15,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmdinomamba.ops import (SSD_BACKENDS, InnerDims, _triton, bidir_causal_conv1d,
                              bidir_conv_scan, bidir_gated_merge, bidir_ssd_inner, current_variant,
-                             gated_rms_norm, quadratic_max_len, ssd_scan)
+                             gated_rms_norm, quadratic_max_len, ssd_scan, use_quadratic_form)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
@@ -186,11 +187,20 @@ class BiSSD(BiSSDMatrices, BaseModule):
         if self.fast_path and self.backend != 'ref':
             if _triton.on_kernel_device(proj):
                 return self._forward_kernels(proj)
-            if (self.backend != 'triton'
-                    and proj.shape[1] <= quadratic_max_len(self.headdim, self.d_state)):
+            if self.backend != 'triton' and self._quadratic_pays(proj):
                 return self.out_proj(self._inner(proj))
         z, xBC, dt = self._split(proj)
         return self._merge_out(self._scan(*self._scan_inputs(xBC, dt)).flatten(2), z)
+
+    def _quadratic_pays(self, proj: Tensor) -> bool:
+        """Whether the CPU fast path (scan in the quadratic form) is faster than the chunked
+        scan for this input (:func:`~mmdinomamba.ops.use_quadratic_form`)."""
+        if proj.shape[1] > quadratic_max_len(self.headdim, self.d_state):
+            return False
+        with torch.no_grad():
+            dt, dt_bias, A, _ = self._direction_params(proj[..., -self.num_heads:])
+            dt = F.softplus(dt.float() + dt_bias.float())
+            return use_quadratic_form(dt, A, self.headdim, self.d_state)
 
     def _inner(self, proj: Tensor) -> Tensor:
         """CPU fast path: :func:`~mmdinomamba.ops.bidir_ssd_inner` of the projection."""

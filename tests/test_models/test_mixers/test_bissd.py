@@ -148,6 +148,21 @@ def test_portable_backend_matches_reference_backend():
     torch.testing.assert_close(m(x), y, rtol=1e-10, atol=1e-10)
 
 
+def test_strong_decay_takes_the_chunked_scan_with_the_same_result():
+    """On CPU the fast path leaves the quadratic form when too many heads decay strongly (its
+    per-head work); either way the output equals the reference recurrence."""
+    m = _mixer()
+    x = torch.randn(2, 70, DIM, dtype=torch.float64)
+    assert m._quadratic_pays(m.in_proj(x))
+    with torch.no_grad():
+        m.A_log.fill_(8.0)  # A = -e^8: every head's decay range far above FACTORED_RANGE
+        m.A_log_b.fill_(8.0)
+    assert not m._quadratic_pays(m.in_proj(x))
+    y = m(x)
+    m.backend = 'ref'
+    torch.testing.assert_close(y, m(x), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize('kw,match', [(dict(headdim=7), 'divisible by headdim'),
                                       (dict(num_heads=3), 'num_heads=3'),
                                       (dict(ngroups=3), 'ngroups')])
