@@ -29,9 +29,12 @@ SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
 #: The quadratic form computes the (sample, head) pairs whose decay over the sequence exceeds
 #: ``FACTORED_RANGE`` one by one, at several times the cost of the others, and its cost per pair
 #: grows with the length; it is used while (share of such pairs) x (tokens) stays at most this.
-#: Measured crossovers of a BiSSD layer, forward + backward, 2 threads (docs/results.md): share
-#: 0.6-0.7 at 65 tokens (demo size), 0.25 at 197 (DinoVim-T), about 0.1 at 401.
-WIDE_TOKENS = 40
+#: Measured on a BiSSD layer, forward + backward, 2 threads (docs/results.md): the chunked scan
+#: is as fast at a share of about 0.25 at 197 tokens (DinoVim-T), 0.1 at 401 and 0.6-0.7 at 65
+#: (demo size), and 10-30% faster at twice that share. It runs as separate ops that keep more
+#: activations (about 60 MB more for one DinoVim-T layer at batch 8), so the switch comes at
+#: about twice the crossover: 96 (a share of 0.49 at 197 tokens, 0.24 at 401).
+WIDE_TOKENS = 96
 
 
 def use_quadratic_form(dt: Tensor, A: Tensor, headdim: int, d_state: int) -> bool:
