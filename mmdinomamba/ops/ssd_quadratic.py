@@ -33,7 +33,8 @@ from torch import Tensor
 from . import ssd_quadratic_heads as heads
 from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
-from .ssd_triangles import apply_masked, apply_masked_t, mask_triangles, masked_outer
+from .ssd_triangles import (apply_masked, apply_masked_t, mask_triangles, masked_outer,
+                            transposed)
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -96,12 +97,6 @@ def _group_products(B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
     return mask_triangles(cb), cb_diag
 
 
-def _transposed(t: Tensor) -> Tensor:
-    """A contiguous copy of ``t.mT``: CPU GEMMs with a transposed right operand of odd size
-    (e.g. 65 or 197 tokens) run up to 2x slower than on the copy."""
-    return t.transpose(-1, -2).contiguous()
-
-
 def _grouped(t: Tensor, groups: int) -> Tensor:
     """(b, R, h, p, L) -> (b, R, g, r p, L) (a view: the heads of a group side by side)."""
     return t.flatten(2, 3).unflatten(2, (groups, -1))
@@ -151,7 +146,7 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         dA_wide = heads.add_backward(dy, x, dt, st.S, st.cb, st.wide, dx, ddt, dS, dcb)
     dcb_diag = (q * dt).unflatten(2, (g, -1)).sum(3)
     dB = torch.matmul(C, dcb).addcmul_(C, dcb_diag.unsqueeze(-2))
-    dC = torch.matmul(B, _transposed(dcb)).addcmul_(B, dcb_diag.unsqueeze(-2))
+    dC = torch.matmul(B, transposed(dcb)).addcmul_(B, dcb_diag.unsqueeze(-2))
     da = decay_grad(dS)
     ddt += da.to(ddt.dtype) * A[..., None]
     dA = (da * dt.double()).masked_fill_(st.wide[..., None], 0.).sum((0, 3))

@@ -17,7 +17,7 @@ from torch import Tensor
 from .variants import current_variant
 
 __all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'apply_masked', 'apply_masked_t',
-           'masked_outer', 'mask_triangles']
+           'masked_outer', 'mask_triangles', 'transposed']
 
 #: At most this many blocks, of at least ``MIN_BLOCK`` tokens (docs/results.md has the timings).
 BLOCKS = 4
@@ -29,6 +29,12 @@ def block_bounds(length: int) -> list[int]:
     would make them shorter than ``MIN_BLOCK`` or the variant says so."""
     k = max(1, min(BLOCKS, length // MIN_BLOCK)) if current_variant().triangle_blocks else 1
     return [round(i * length / k) for i in range(k + 1)]
+
+
+def transposed(t: Tensor) -> Tensor:
+    """A contiguous copy of ``t.mT``: CPU GEMMs with a transposed right operand of odd size
+    (e.g. 65 or 197 tokens) run up to 2x slower than on the copy."""
+    return t.transpose(-1, -2).contiguous()
 
 
 def _views(*tensors: Tensor):
@@ -53,10 +59,10 @@ def apply_masked(x: Tensor, cb: Tensor) -> Tensor:
     masked to each direction's strict triangle."""
     bounds = block_bounds(x.shape[-1])
     if len(bounds) == 2:
-        return torch.matmul(x, cb.transpose(-1, -2).contiguous())
+        return torch.matmul(x, transposed(cb))
     out = x.new_empty(x.shape)
     for r, (xv, cv, ov) in _views(x, cb, out):
-        _columns(xv, cv.transpose(-1, -2).contiguous(), ov, bounds, prefix=r == 0)
+        _columns(xv, transposed(cv), ov, bounds, prefix=r == 0)
     return out
 
 

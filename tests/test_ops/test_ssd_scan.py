@@ -1,8 +1,9 @@
 """SSD scan: portable chunked scan == naive float64 recurrence (outputs and gradients)."""
+from unittest.mock import patch
+
 import pytest
 import torch
 import torch.nn.functional as F
-from unittest.mock import patch
 
 from mmdinomamba.ops import (PORTABLE_CHUNK_SIZE, fast_path_variant, ssd, ssd_mixing_matrix,
                              ssd_scan, ssd_scan_chunked, ssd_scan_ref)
