@@ -70,3 +70,28 @@ def test_one_reference_for_all(tmp_path):
     assert set(rows) == {'vit-b', 'dinovim-t'} and rows['dinovim-t']['ref'] == 'vit-b'
     assert rows['dinovim-t']['speed_ratio'] == pytest.approx(rows['dinovim-t']['imgs'] /
                                                              rows['vit-b']['imgs'])
+
+
+def test_rounds_alternate_the_models_and_keep_each_ones_best(tmp_path, monkeypatch):
+    """--rounds 3: every model is measured three times, in turn, and the ratio is taken between
+    the best runs; the peak is the highest of the rounds."""
+    tool, calls = _tool(), []
+    speeds = {'vit-s': iter([10.0, 4.0, 8.0]), 'dinovim-t': iter([3.0, 5.0, 2.0])}
+
+    def fake_case(args, name, res, mode):
+        calls.append(name)
+        return dict(imgs=next(speeds[name]), mem=100.0 + len(calls), mem_total=float('nan'),
+                    params=1.0, batch=1)
+
+    monkeypatch.setattr(tool, '_run_case', fake_case)
+    out = tmp_path / 'rows.json'
+    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--modes', 'fwd',
+               '--rounds', '3', '--json', str(out)])
+    assert calls == ['vit-s', 'dinovim-t'] * 3
+    rows = {r['arch']: r for r in json.loads(out.read_text())}
+    assert rows['vit-s']['imgs'] == 10.0 and rows['dinovim-t']['imgs'] == 5.0
+    assert rows['dinovim-t']['speed_ratio'] == 0.5
+    assert rows['dinovim-t']['imgs_runs'] == [3.0, 5.0, 2.0]
+    assert rows['dinovim-t']['mem'] == 106.0  # the last (highest) of its three peaks
+    with pytest.raises(SystemExit, match='--rounds must be >= 1'):
+        tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--rounds', '0'])
