@@ -95,3 +95,22 @@ def test_rounds_alternate_the_models_and_keep_each_ones_best(tmp_path, monkeypat
     assert rows['dinovim-t']['mem'] == 106.0  # the last (highest) of its three peaks
     with pytest.raises(SystemExit, match='--rounds must be >= 1'):
         tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--rounds', '0'])
+
+
+def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
+    """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
+    nested pieces fit inside the mixer's time and every function is restored afterwards."""
+    from mmdinomamba.ops import bidir_inner
+    before = bidir_inner.scan_backward
+    _tool().main(['--device', 'cpu', '--batch', '2', '--iters', '1', '--warmup', '0',
+                  '--breakdown', 'dinovim-t', '32', 'fwd+bwd'])
+    assert bidir_inner.scan_backward is before
+    rows = {line[:50].strip(): float(line[50:60]) for line in
+            capsys.readouterr().out.splitlines()[2:]}
+    mixer = rows['mixer between its projections, forward'] + rows[
+        'mixer between its projections, backward']
+    assert 0 < rows['SSD scan, forward and backward'] < mixer
+    assert 0 < rows["both directions' convs"] < mixer
+    assert rows['rest: projections, norms, residuals, other layers'] > 0
+    with pytest.raises(SystemExit, match='not one of'):
+        _tool().main(['--device', 'cpu', '--breakdown', 'dinovim-t', '32', 'sideways'])

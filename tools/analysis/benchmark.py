@@ -24,6 +24,8 @@ Example::
     python tools/analysis/benchmark.py --device cuda --res 224 512 1024 --batch 8 --amp
     python tools/analysis/benchmark.py --device cuda --amp --batch 64 --iters 3 \
         --profile dinovim-b 224 train --trace dinovim-b.json     # where does the time go?
+    python tools/analysis/benchmark.py --device cpu --batch 8 --iters 3 --keep-freed-memory \
+        --breakdown dinovim-t 224 fwd+bwd      # the mixer's pieces, timed inside whole steps
 """
 import argparse
 import json
@@ -223,6 +225,79 @@ def profile(args, rows: int = 25) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+#: --breakdown: the pieces of BiSSD's CPU fast path timed inside a whole training step, each as
+#: (module, function) pairs whose module attribute is wrapped; indented rows are inside the row
+#: above them
+BREAKDOWN = (
+    ('mixer between its projections, forward', 0, [('bidir_inner', '_inner_forward')]),
+    ('mixer between its projections, backward', 0, [('bidir_inner', '_inner_backward')]),
+    ('SSD scan, forward and backward', 1,
+     [('bidir_inner', 'scan_forward'), ('bidir_inner', 'scan_backward')]),
+    ('(L, L) matrix products', 2, [('ssd_quadratic', 'apply_masked'),
+                                   ('ssd_quadratic', 'apply_masked_t'),
+                                   ('ssd_quadratic', 'masked_outer')]),
+    ('strongly decaying heads, one by one', 2, [('ssd_quadratic_heads', 'add_forward'),
+                                                ('ssd_quadratic_heads', 'add_backward'),
+                                                ('ssd_quadratic_heads', 'add_saved')]),
+    ("both directions' convs", 1, [('bidir_inner', 'bidir_conv_forward'),
+                                   ('bidir_inner', 'bidir_conv_backward')]),
+    ('gated RMSNorms and their average', 1, [('bidir_inner', 'merge_forward'),
+                                             ('bidir_inner', 'merge_backward')]),
+)
+
+
+def breakdown(args) -> str:
+    """Time the pieces of BiSSD's CPU fast path (:data:`BREAKDOWN`) inside ``--iters`` whole
+    steps of the one case ``--breakdown ARCH RES MODE`` (after ``--warmup``), with wall-clock
+    timers around the functions (``torch.profiler`` inflates small CPU operators several-fold);
+    returns a table of ms per step and share of the step."""
+    import importlib
+    name, res, mode = args.breakdown[0], int(args.breakdown[1]), args.breakdown[2]
+    if mode not in MODES:
+        raise SystemExit(f'--breakdown: mode {mode!r} is not one of {MODES}')
+    from mmdinomamba.ops import fast_path_variant
+    spent, originals = [0.0] * len(BREAKDOWN), []
+
+    def timed(fn, row):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[row] += time.perf_counter() - start
+        return wrapper
+
+    for row, (_, _, funcs) in enumerate(BREAKDOWN):
+        for mod_name, fn_name in funcs:
+            mod = importlib.import_module(f'mmdinomamba.ops.{mod_name}')
+            originals.append((mod, fn_name, getattr(mod, fn_name)))
+            setattr(mod, fn_name, timed(getattr(mod, fn_name), row))
+    options = build_options(args)
+    model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
+                             options)
+    try:
+        with fast_path_variant(**options['variant']):
+            for _ in range(args.warmup):
+                _step(model, x, mode, args.amp, optim)
+            spent[:] = [0.0] * len(spent)
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                _step(model, x, mode, args.amp, optim)
+            step = (time.perf_counter() - start) / args.iters
+    finally:
+        for mod, fn_name, fn in originals:
+            setattr(mod, fn_name, fn)
+    lines = [f'{name} {res}px {mode}, batch {_batch_for(args, res)}, {args.iters} steps: '
+             f'{1000 * step:.0f} ms a step (mean)', f'{"piece":<50}{"ms/step":>10}{"share":>8}']
+    for (label, depth, _), t in zip(BREAKDOWN, spent):
+        t = t / args.iters
+        lines.append(f'{"  " * depth + label:<50}{1000 * t:>10.1f}{t / step:>8.0%}')
+    rest = step - (spent[0] + spent[1]) / args.iters
+    lines.append(f'{"rest: projections, norms, residuals, other layers":<50}{1000 * rest:>10.1f}'
+                 f'{rest / step:>8.0%}')
+    return '\n'.join(lines)
+
+
 def _batch_for(args, res: int) -> int:
     if len(args.batch) == 1:
         return args.batch[0]
@@ -338,6 +413,9 @@ def parse_args(argv=None):
                         help='instead of the table: profile one case (torch.profiler) and print '
                         'the most expensive operators, e.g. --profile dinovim-b 224 train')
     parser.add_argument('--trace', help='with --profile: also write a Chrome trace here')
+    parser.add_argument('--breakdown', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
+                        help="instead of the table: time the pieces of BiSSD's CPU fast path "
+                        'inside whole steps of one case, e.g. --breakdown dinovim-t 224 fwd+bwd')
     parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -346,11 +424,14 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.rounds < 1:
         sys.exit(f'--rounds must be >= 1, got {args.rounds}')
-    if args.keep_freed_memory and (args.one or args.profile):
+    if args.keep_freed_memory and (args.one or args.profile or args.breakdown):
         from mmdinomamba.ops import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     if args.profile:
         print(profile(args))
+        return
+    if args.breakdown:
+        print(breakdown(args))
         return
     if args.one:
         name, res, mode = args.one
