@@ -114,3 +114,9 @@ def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     assert rows['rest: projections, norms, residuals, other layers'] > 0
     with pytest.raises(SystemExit, match='not one of'):
         _tool().main(['--device', 'cpu', '--breakdown', 'dinovim-t', '32', 'sideways'])
+
+
+def test_breakdown_says_when_the_fast_path_did_not_run(capsys):
+    _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
+                  '--breakdown', 'vit-s', '32', 'fwd'])
+    assert 'did not run' in capsys.readouterr().out

@@ -295,6 +295,10 @@ def breakdown(args) -> str:
     rest = step - (spent[0] + spent[1]) / args.iters
     lines.append(f'{"rest: projections, norms, residuals, other layers":<50}{1000 * rest:>10.1f}'
                  f'{rest / step:>8.0%}')
+    if not spent[0] + spent[1]:
+        lines.append('(the fast path between the projections did not run: no BiSSD mixer, or its '
+                     'sequences too long or decaying too strongly for the quadratic form, which '
+                     'then runs as separate ops)')
     return '\n'.join(lines)
 
 
