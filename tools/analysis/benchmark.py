@@ -196,22 +196,30 @@ def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
                 batch=batch)
 
 
+def _single_case(args, flag: str) -> tuple:
+    """The one case ``--profile`` or ``--breakdown`` (``flag``) names, ``ARCH RES MODE``, set up:
+    its name, resolution, mode and batch, the model, optimizer (train mode only) and input, and
+    the fast path's variant switches."""
+    name, res, mode = getattr(args, flag)[0], int(getattr(args, flag)[1]), getattr(args, flag)[2]
+    if mode not in MODES:
+        raise SystemExit(f'--{flag}: mode {mode!r} is not one of {MODES}')
+    options, batch = build_options(args), _batch_for(args, res)
+    model, optim, x = _setup(name, res, mode, batch, args.device, args.compile, options)
+    return name, res, mode, batch, model, optim, x, options['variant']
+
+
 def profile(args, rows: int = 25) -> str:
     """Profile ``--iters`` steps of the one case ``--profile ARCH RES MODE`` (after
     ``--warmup``) with ``torch.profiler``; returns the table of the most expensive operators
     (by self CUDA time on CUDA, self CPU time otherwise) and writes a Chrome trace if asked."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    name, res, mode = args.profile[0], int(args.profile[1]), args.profile[2]
-    if mode not in MODES:
-        raise SystemExit(f'--profile: mode {mode!r} is not one of {MODES}')
+
     from mmdinomamba.ops import fast_path_variant
-    options = build_options(args)
-    model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
-                             options)
+    _, _, mode, _, model, optim, x, variant = _single_case(args, 'profile')
     cuda = args.device.startswith('cuda')
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with fast_path_variant(**options['variant']):
+    with fast_path_variant(**variant):
         for _ in range(args.warmup):
             _step(model, x, mode, args.amp, optim)
         _sync(args.device)
@@ -252,10 +260,9 @@ def breakdown(args) -> str:
     timers around the functions (``torch.profiler`` inflates small CPU operators several-fold);
     returns a table of ms per step and share of the step."""
     import importlib
-    name, res, mode = args.breakdown[0], int(args.breakdown[1]), args.breakdown[2]
-    if mode not in MODES:
-        raise SystemExit(f'--breakdown: mode {mode!r} is not one of {MODES}')
+
     from mmdinomamba.ops import fast_path_variant
+    name, res, mode, batch, model, optim, x, variant = _single_case(args, 'breakdown')
     spent, originals = [0.0] * len(BREAKDOWN), []
 
     def timed(fn, row):
@@ -272,11 +279,8 @@ def breakdown(args) -> str:
             mod = importlib.import_module(f'mmdinomamba.ops.{mod_name}')
             originals.append((mod, fn_name, getattr(mod, fn_name)))
             setattr(mod, fn_name, timed(getattr(mod, fn_name), row))
-    options = build_options(args)
-    model, optim, x = _setup(name, res, mode, _batch_for(args, res), args.device, args.compile,
-                             options)
     try:
-        with fast_path_variant(**options['variant']):
+        with fast_path_variant(**variant):
             for _ in range(args.warmup):
                 _step(model, x, mode, args.amp, optim)
             spent[:] = [0.0] * len(spent)
@@ -287,7 +291,7 @@ def breakdown(args) -> str:
     finally:
         for mod, fn_name, fn in originals:
             setattr(mod, fn_name, fn)
-    lines = [f'{name} {res}px {mode}, batch {_batch_for(args, res)}, {args.iters} steps: '
+    lines = [f'{name} {res}px {mode}, batch {batch}, {args.iters} steps: '
              f'{1000 * step:.0f} ms a step (mean)', f'{"piece":<50}{"ms/step":>10}{"share":>8}']
     for (label, depth, _), t in zip(BREAKDOWN, spent):
         t = t / args.iters
