@@ -52,6 +52,9 @@ def portable_ops() -> Iterator[None]:
 
         with portable_ops():
             y_ref = model(x)
+
+    A model with activation checkpointing per block (``with_cp=True``) dispatches again when
+    its backward pass recomputes a block: run that backward inside the context too.
     """
     global _portable_depth
     _portable_depth += 1
@@ -126,6 +129,10 @@ def _lookup(key: str, module: str, attr: str, what: str,
     return _cache[key]
 
 
+def _identity(t):
+    return t
+
+
 def compare_with_reference(what: str, kernel: Callable, reference: Callable, inputs: list,
                            grad_out, names: tuple, tol: float) -> None:
     """A kernel's self-check: run ``kernel`` and ``reference`` on fresh leaf copies of ``inputs``
@@ -135,12 +142,16 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
     differs by more than ``tol`` relative error."""
     device_type = inputs[0].device.type
     results = []
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device_type,
-                                                                           enabled=False):
+    # The check may run inside a non-reentrant activation checkpoint (the region that makes the
+    # first call): identity hooks keep its saved tensors away from the checkpoint's hooks, and
+    # nothing it returns carries a graph, so the region saves the same tensors when recomputed.
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
+            device_type, enabled=False), torch.autograd.graph.saved_tensors_hooks(
+                _identity, _identity):
         for fn in (kernel, reference):
             leaves = [t.clone().requires_grad_() for t in inputs]
             out = fn(*leaves)
-            results.append([out, *torch.autograd.grad(out, leaves, grad_out)])
+            results.append([out.detach(), *torch.autograd.grad(out, leaves, grad_out)])
     for name, got, want in zip(names, *results):
         err = ((got - want).norm() / want.norm()).item()
         if not err < tol:

@@ -1,5 +1,7 @@
 """The output side of a bidirectional Mamba mixer in one call: un-flip the backward direction,
 gate and normalize each direction, average."""
+from typing import Callable
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -39,7 +41,9 @@ def bidir_gated_merge(y: Tensor,
                       z: Tensor,
                       weight: Tensor | None,
                       eps: float = 1e-5,
-                      group_size: int | None = None) -> Tensor:
+                      group_size: int | None = None,
+                      *,
+                      kernel: Callable | None = None) -> Tensor:
     """Merge both scan directions of a bidirectional Mamba-2 mixer.
 
     ``y`` holds the forward direction's outputs in channels ``[0, d)`` (token order) and the
@@ -66,11 +70,17 @@ def bidir_gated_merge(y: Tensor,
         eps (float): added to the mean square. Defaults to 1e-5.
         group_size (int, optional): channels per normalization group; must divide ``d``.
             Defaults to None (one group).
+        kernel (Callable, optional): the fused kernel (``_triton.bidir_merge_fn()``) to run
+            whatever the dispatch would choose now, e.g. in an activation checkpoint's
+            recomputation, which must replay the forward pass's choice. Defaults to None
+            (dispatch).
 
     Returns:
         Tensor: (B, L, d) in the dtype of ``y``.
     """
     group_size = _check(y, z, weight, group_size)
+    if kernel is not None:
+        return kernel(y, z, weight, float(eps), group_size)
     if _triton.on_kernel_device(y) and (out := _triton.run_kernel(
             'bidir_merge', bidir_merge_fn, 'fused bidirectional merge', y, z, weight, eps,
             group_size)) is not None:

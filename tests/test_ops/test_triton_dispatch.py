@@ -114,3 +114,31 @@ def test_portable_ops_context_hides_every_kernel(monkeypatch):
             assert _triton.chunk_scan_fn() is None
         assert _triton.rmsnorm_fn() is None and _triton.causal_conv1d_fn() is None
     assert _triton.rmsnorm_fn() is sentinel
+
+
+@pytest.mark.parametrize('use_reentrant', [False, True])
+def test_self_check_inside_an_activation_checkpoint(use_reentrant):
+    """A kernel's first call, and so its self-check, can come from inside an activation
+    checkpoint (BiSSD's recomputed merge, ``with_cp``): the check must neither hand its own
+    saved tensors to the checkpoint nor return a graph, or the checkpoint's backward fails
+    (different numbers of tensors saved in forward and recomputation)."""
+    checked = []
+
+    def region(a, b):
+        if not checked:  # as a kernel lookup: once, on the first (forward) call
+            _triton.compare_with_reference('test', lambda p, q: (p * q).sin(),
+                                           lambda p, q: torch.sin(q * p),
+                                           [a.detach(), b.detach()], torch.ones(5),
+                                           ('y', 'da', 'db'), 1e-6)
+            checked.append(True)
+        return (a * b).sin() * a
+
+    a, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    region(a, b).square().sum().backward()
+    want = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    checked.clear()
+    torch.utils.checkpoint.checkpoint(region, a, b,
+                                      use_reentrant=use_reentrant).square().sum().backward()
+    assert checked
+    torch.testing.assert_close((a.grad, b.grad), want)

@@ -4,6 +4,7 @@ Paper: "RNN as Linear Transformer: A Closer Investigation into Representational 
 Visual Mamba Models"; Mamba-2: https://arxiv.org/abs/2405.21060; Vim (bidirectional "v2"):
 https://arxiv.org/abs/2401.09417.
 """
+import functools
 import math
 
 import torch
@@ -222,8 +223,12 @@ class BiSSD(BiSSDMatrices, BaseModule):
             y = self._scan(*self._scan_inputs(xBC, dt))  # backward heads in flipped order
         y = y.flatten(2)
         if v.fused_merge and v.recompute_merge and torch.is_grad_enabled():
-            # keep y and z (kept by the scan and the conv anyway), not the merged output
-            return checkpoint(self._merge_out, y, z, True, use_reentrant=False)
+            # keep y and z (kept by the scan and the conv anyway), not the merged output; the
+            # kernel is chosen here, outside the checkpoint (its first lookup runs a self-check),
+            # and the recomputation replays it even if the dispatch has changed by then
+            kernel = _triton.bidir_merge_fn() if _triton.on_kernel_device(y) else None
+            if kernel is not None:
+                return checkpoint(self._merge_out, y, z, kernel, use_reentrant=False)
         return self._merge_out(y, z)
 
     def _scan_inputs(self, xBC: Tensor, dt: Tensor):
@@ -253,12 +258,15 @@ class BiSSD(BiSSDMatrices, BaseModule):
         ],
                          dim=2)
 
-    def _merge_out(self, y: Tensor, z: Tensor, fused: bool | None = None) -> Tensor:
+    def _merge_out(self, y: Tensor, z: Tensor, kernel=None) -> Tensor:
         """``out_proj`` of the merged directions (y (B, L, 2 d_inner), backward half flipped);
-        ``fused``: our merge kernel (default: as the fast path and its variant say)."""
-        if fused is None:
-            fused = self.fast_path and current_variant().fused_merge
-        merge = bidir_gated_merge if fused else bidir_gated_merge_portable
+        ``kernel``: our merge kernel, pinned (default: as the fast path and its variant say)."""
+        if kernel is not None:
+            merge = functools.partial(bidir_gated_merge, kernel=kernel)
+        elif self.fast_path and current_variant().fused_merge:
+            merge = bidir_gated_merge
+        else:
+            merge = bidir_gated_merge_portable
         if self.rmsnorm:  # (norm(y_f, z) + norm_b(flip(y_b), z)) / 2
             weight = torch.stack([self.norm.weight, self.norm_b.weight])
             mixed = merge(y, z, weight, self.norm.eps, self.norm.group_size)

@@ -248,6 +248,46 @@ def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
     assert float(out.split('WORST')[-1]) < 1e-5
 
 
+_LAZY_MERGE_INTERPRETED = textwrap.dedent('''
+    import functools
+
+    import torch
+    import kernel_interpreter
+    from mmdinomamba.models.mixers import BiSSD
+    from mmdinomamba.ops import _triton, bidir_merge_triton, portable_ops
+    kernel_interpreter.route(mamba=False)
+    # as on a GPU: the merge kernel is looked up (and self-checked) at its first call, which
+    # comes from inside the activation checkpoint of the recomputed merge
+    del _triton._cache['bidir_merge']
+    bidir_merge_triton.self_check = functools.partial(bidir_merge_triton.self_check,
+                                                      device='cpu')
+    torch.manual_seed(0)
+    m = BiSSD(64, d_state=16, headdim=16)
+    x = torch.randn(2, 19, 64)
+    res = []
+    for portable in (False, True):
+        m.zero_grad()
+        if portable:
+            with portable_ops():
+                y = m(x)
+        else:
+            y = m(x)
+        y.square().mean().backward()
+        res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
+    print('MERGE', _triton._cache.get('bidir_merge') is not None)
+    print('WORST', max(((a - b).norm() / b.norm()).item() for a, b in zip(*res)))
+''')
+
+
+def test_merge_kernel_first_called_inside_the_recomputed_merge(run_interpreted):
+    """The merge kernel's first call, and so its self-check, comes from inside the activation
+    checkpoint of the recomputed merge in a training step (as on a GPU): the kernel passes its
+    check and stays in use, and the step equals the portable path (Triton's CPU interpreter)."""
+    out = run_interpreted(_LAZY_MERGE_INTERPRETED)
+    assert 'MERGE True' in out, out
+    assert float(out.split('WORST')[-1]) < 1e-5
+
+
 _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     import contextlib
 
