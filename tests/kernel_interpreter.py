@@ -9,6 +9,7 @@ answered here (a null context, 2 SMs, the first autotuning config). The kernels 
 unchanged.
 """
 import contextlib
+import functools
 import importlib.util
 import os
 import types
@@ -28,6 +29,20 @@ def _patch_cuda_host_calls() -> None:
 
 def has_mamba_ssm() -> bool:
     return importlib.util.find_spec('mamba_ssm') is not None
+
+
+def route_lazily() -> None:
+    """Route CPU tensors to the kernels as a GPU does: nothing is looked up or self-checked
+    before the first call that needs it (the checks then run on CPU tensors)."""
+    from mmdinomamba.ops import (_triton, bidir_conv_scan_triton, bidir_conv_triton,
+                                 bidir_merge_triton)
+    _patch_cuda_host_calls()
+    for mod in (bidir_conv_triton, bidir_merge_triton, bidir_conv_scan_triton):
+        if not isinstance(mod.self_check, functools.partial):
+            mod.self_check = functools.partial(mod.self_check, device='cpu')
+    _triton._cache.clear()
+    _triton._cache['conv'] = None  # causal_conv1d: a CUDA build only
+    _triton.on_kernel_device = lambda x: True
 
 
 def route(mamba: bool = True) -> list:
