@@ -102,11 +102,14 @@ def import_mamba_module(name: str) -> types.ModuleType:
         return importlib.import_module(name)
 
 
+@torch.compiler.disable
 def _lookup(key: str, module: str, attr: str, what: str,
             self_check: bool = False) -> Callable | None:
     """Find ``module.attr`` once (cached); log which implementation is used. With
     ``self_check``, ``module.self_check()`` must pass first (it compiles and runs the kernel
-    once on a small input, so a kernel that fails to build degrades here, not mid-training)."""
+    once on a small input, so a kernel that fails to build degrades here, not mid-training).
+    Opaque to ``torch.compile``, like :func:`run_kernel`: a lookup may come from compiled code
+    (e.g. BiSSD choosing its merge kernel before the checkpointed merge)."""
     if _portable_depth:
         return None
     if key not in _cache:

@@ -135,32 +135,34 @@ _LAZY_INTERPRETED = textwrap.dedent('''
                out_type='cls_token', drop_path_rate=0.)
     torch.manual_seed(0)
     x, w = torch.randn(2, 3, 64, 48), torch.randn(2, 128)
-    for with_cp in (True, False):
+    for with_cp, compiled in ((True, False), (False, False), (False, True)):
         model = DinoVim(**cfg, with_cp=with_cp).train()
         res = []
         for portable in (True, False):
             if not portable:  # first lookups (and self-checks) inside this training step
                 kernel_interpreter.route_lazily()
+            run = torch.compile(model, backend='aot_eager') if compiled and not portable else model
             model.zero_grad(set_to_none=True)
             with portable_ops() if portable else torch.enable_grad():
-                out = model(x)
+                out = run(x)
                 (torch.cat([o.flatten(1) for o in out], 1) * w).sum().backward()
             res.append([o.detach() for o in out] + [p.grad.clone() for p in model.parameters()])
         used = sorted(k for k, v in _triton._cache.items() if v is not None)
         worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(*res))
-        print('WITH_CP', with_cp, 'USED', used, 'WORST', worst)
+        print('CASE', with_cp, compiled, 'USED', used, 'WORST', worst)
 ''')
 
 
 def test_first_kernel_use_inside_a_training_step(run_interpreted):
     """As on a GPU, every kernel is looked up and self-checked at its first call, here inside a
-    training step, with whole blocks recomputed (``with_cp``) or only the merge: the step runs,
-    every kernel stays in use and the result equals the portable path (Triton's interpreter)."""
+    training step, with whole blocks recomputed (``with_cp``) or only the merge, eager or under
+    ``torch.compile``: the step runs, every kernel stays in use and the result equals the
+    portable path (Triton's interpreter)."""
     if importlib.util.find_spec('mamba_ssm') is None:
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
     out = run_interpreted(_LAZY_INTERPRETED, timeout=600)
-    lines = [line for line in out.splitlines() if line.startswith('WITH_CP')]
-    assert len(lines) == 2, out
+    lines = [line for line in out.splitlines() if line.startswith('CASE')]
+    assert len(lines) == 3, out
     for line in lines:
         assert "USED ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in line, out
         assert float(line.split('WORST')[-1]) < 1e-5, line
