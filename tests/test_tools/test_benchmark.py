@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 from repo_files import load_file
 
 
@@ -120,3 +121,16 @@ def test_breakdown_says_when_the_fast_path_did_not_run(capsys):
     _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
                   '--breakdown', 'vit-s', '32', 'fwd'])
     assert 'did not run' in capsys.readouterr().out
+
+
+def test_floor_share_counts_the_negligible_pairs_of_strongly_decaying_heads():
+    """--breakdown's last line: of the heads in the ``wide`` mask, the share of strict-triangle
+    pairs whose decay |S_i - S_j| exceeds the floor's 60 (here 10 of 55 pairs, i - j >= 7)."""
+    S = torch.zeros(1, 2, 2, 11, dtype=torch.float64)
+    S[0, 0, 0] = -10. * torch.arange(11)  # causal direction, decaying by 10 a token
+    S[0, 1, 1] = -10. * torch.arange(11).flip(0)  # anti-causal direction, same decay
+    S[0, 0, 1] = -1000. * torch.arange(11)  # not in the mask: ignored
+    wide = torch.tensor([[[True, False], [False, True]]])
+    count, share = _tool().floor_share([(S, wide)])
+    assert count == 2
+    assert share == pytest.approx(10 / 55)

@@ -279,11 +279,21 @@ def breakdown(args) -> str:
             mod = importlib.import_module(f'mmdinomamba.ops.{mod_name}')
             originals.append((mod, fn_name, getattr(mod, fn_name)))
             setattr(mod, fn_name, timed(getattr(mod, fn_name), row))
+    heads = importlib.import_module('mmdinomamba.ops.ssd_quadratic_heads')
+    decays = []  # (S, wide) of every forward call on the strongly decaying heads
+
+    def add_forward(y, x, dt, S, cb, wide, _fn=heads.add_forward):
+        decays.append((S, wide.clone()))
+        return _fn(y, x, dt, S, cb, wide)
+
+    originals.append((heads, 'add_forward', heads.add_forward))
+    heads.add_forward = add_forward
     try:
         with fast_path_variant(**variant):
             for _ in range(args.warmup):
                 _step(model, x, mode, args.amp, optim)
             spent[:] = [0.0] * len(spent)
+            decays.clear()
             start = time.perf_counter()
             for _ in range(args.iters):
                 _step(model, x, mode, args.amp, optim)
@@ -303,7 +313,28 @@ def breakdown(args) -> str:
         lines.append('(the fast path between the projections did not run: no BiSSD mixer, or its '
                      'sequences too long or decaying too strongly for the quadratic form, which '
                      'then runs as separate ops)')
+    if decays:
+        count, share = floor_share(decays)
+        lines.append(f'strongly decaying heads: {count / args.iters:.0f} a step (forward passes), '
+                     f'{share:.1%} of their (L, L) triangles below the decay floor')
     return '\n'.join(lines)
+
+
+def floor_share(decays: list) -> tuple[int, float]:
+    """Of the strongly decaying heads in ``decays`` (pairs of cumulative decays ``S`` (b, R, h,
+    L) and ``wide`` masks (b, R, h)): how many, and which share of their strict (L, L)
+    triangles has a decay factor below the floor ``exp(EXP_FLOOR)`` (entries that are
+    negligible, clamped to the floor)."""
+    from mmdinomamba.ops.ssd_chunked_blocks import EXP_FLOOR
+    count = below = pairs = 0
+    for S, wide in decays:
+        sub = S[wide]  # (N, L): one row per (sample, direction, head)
+        length = sub.shape[-1]
+        gap = (sub[:, :, None] - sub[:, None, :]).abs().tril_(-1)
+        count += sub.shape[0]
+        below += int((gap > -EXP_FLOOR).sum())
+        pairs += sub.shape[0] * length * (length - 1) // 2
+    return count, below / max(pairs, 1)
 
 
 def _batch_for(args, res: int) -> int:
