@@ -101,11 +101,11 @@ def test_rounds_alternate_the_models_and_keep_each_ones_best(tmp_path, monkeypat
 def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
     nested pieces fit inside the mixer's time and every function is restored afterwards."""
-    from mmdinomamba.ops import bidir_inner
-    before = bidir_inner.scan_backward
+    from mmdinomamba.ops import bidir_inner, ssd_quadratic_heads
+    before = bidir_inner.scan_backward, ssd_quadratic_heads.add_forward
     _tool().main(['--device', 'cpu', '--batch', '2', '--iters', '1', '--warmup', '0',
                   '--breakdown', 'dinovim-t', '32', 'fwd+bwd'])
-    assert bidir_inner.scan_backward is before
+    assert (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward) == before
     rows = {line[:50].strip(): float(line[50:60]) for line in
             capsys.readouterr().out.splitlines()[2:]}
     mixer = rows['mixer between its projections, forward'] + rows[

@@ -299,7 +299,7 @@ def breakdown(args) -> str:
                 _step(model, x, mode, args.amp, optim)
             step = (time.perf_counter() - start) / args.iters
     finally:
-        for mod, fn_name, fn in originals:
+        for mod, fn_name, fn in reversed(originals):  # add_forward is wrapped twice
             setattr(mod, fn_name, fn)
     lines = [f'{name} {res}px {mode}, batch {batch}, {args.iters} steps: '
              f'{1000 * step:.0f} ms a step (mean)', f'{"piece":<50}{"ms/step":>10}{"share":>8}']
