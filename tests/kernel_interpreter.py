@@ -31,9 +31,11 @@ def has_mamba_ssm() -> bool:
     return importlib.util.find_spec('mamba_ssm') is not None
 
 
-def route_lazily() -> None:
+def route_lazily(mamba: bool = True) -> None:
     """Route CPU tensors to the kernels as a GPU does: nothing is looked up or self-checked
-    before the first call that needs it (the checks then run on CPU tensors)."""
+    before the first call that needs it (the checks then run on CPU tensors). ``mamba``: also
+    ``mamba_ssm``'s scan and norm and our conv + scan built on them (else the portable scan and
+    norm)."""
     from mmdinomamba.ops import (_triton, bidir_conv_scan_triton, bidir_conv_triton,
                                  bidir_merge_triton)
     _patch_cuda_host_calls()
@@ -42,6 +44,8 @@ def route_lazily() -> None:
             mod.self_check = functools.partial(mod.self_check, device='cpu')
     _triton._cache.clear()
     _triton._cache['conv'] = None  # causal_conv1d: a CUDA build only
+    if not mamba:
+        _triton._cache.update(scan=None, norm=None, conv_scan=None)
     _triton.on_kernel_device = lambda x: True
 
 

@@ -249,18 +249,13 @@ def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
 
 
 _LAZY_MERGE_INTERPRETED = textwrap.dedent('''
-    import functools
-
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import _triton, bidir_merge_triton, portable_ops
-    kernel_interpreter.route(mamba=False)
+    from mmdinomamba.ops import _triton, portable_ops
     # as on a GPU: the merge kernel is looked up (and self-checked) at its first call, which
     # comes from inside the activation checkpoint of the recomputed merge
-    del _triton._cache['bidir_merge']
-    bidir_merge_triton.self_check = functools.partial(bidir_merge_triton.self_check,
-                                                      device='cpu')
+    kernel_interpreter.route_lazily(mamba=False)
     torch.manual_seed(0)
     m = BiSSD(64, d_state=16, headdim=16)
     x = torch.randn(2, 19, 64)
