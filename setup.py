@@ -26,6 +26,8 @@ setup(
     long_description=open('README.md').read() if osp.exists('README.md') else '',
     long_description_content_type='text/markdown',
     packages=find_packages(exclude=('tests', 'tests.*', 'configs', 'tools')),
+    # the native CPU kernels' source, compiled on the user's machine at first use
+    package_data={'mmdinomamba.ops': ['csrc/*.cpp']},
     python_requires='>=3.9',
     install_requires=read_requirements('runtime.txt'),
     extras_require={

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
 from .ssd_quadratic import ScanState, scan_backward, scan_forward
+from .variants import current_variant
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
@@ -85,25 +87,36 @@ def _norms(y: Tensor, gate: Tensor, groups: int, eps: float) -> tuple[Tensor, Te
     return h.mul_(rstd), rstd
 
 
-def merge_forward(y: Tensor, gate: Tensor, weight: Tensor | None, dims: InnerDims,
-                  out: Tensor) -> Tensor:
-    """``(norm(y_f) w_f + norm(y_b) w_b) / 2`` (or ``(y_f + y_b) / 2 * gate`` without weight)
-    of ``y`` (b, 2, d, L) written into ``out`` (b, d, L) (e.g. a transposed view)."""
+def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, out: Tensor,
+                  native: bool = False) -> Tensor:
+    """``(norm(y_f) w_f + norm(y_b) w_b) / 2`` (or ``(y_f + y_b) / 2 * gate`` without weight),
+    ``gate = silu(z)``, of ``y`` (b, 2, d, L) and ``z`` (b, d, L) written into ``out`` (b, d, L)
+    (e.g. a transposed view); ``native``: the native CPU kernel (:mod:`.native_cpu`)."""
     if weight is None:
-        return torch.add(y[:, 0], y[:, 1], out=out).mul_(gate).mul_(0.5)
-    n = _norms(y, gate, dims.ngroups, dims.eps)[0].flatten(2, 3)
+        return torch.add(y[:, 0], y[:, 1], out=out).mul_(F.silu(z)).mul_(0.5)
+    if native:
+        return out.copy_(native_cpu.merge_forward(y, z, weight.to(y.dtype), dims.ngroups,
+                                                  dims.eps))
+    n = _norms(y, F.silu(z), dims.ngroups, dims.eps)[0].flatten(2, 3)
     w = weight.to(y.dtype).mul(0.5)
     torch.mul(n[:, 0], w[0, :, None], out=out)
     return out.addcmul_(n[:, 1], w[1, :, None])
 
 
-def merge_backward(dm: Tensor, y: Tensor, gate: Tensor, weight: Tensor | None,
-                   dims: InnerDims) -> tuple[Tensor, Tensor, Tensor | None]:
+def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims,
+                   native: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L),
-    ``dgate`` (b, d, L) and ``dweight`` (2, d) or None."""
+    ``dz`` (b, d, L) and ``dweight`` (2, d) or None."""
     if weight is None:
+        gate = F.silu(z)
         half = dm * gate * 0.5
-        return half.unsqueeze(1).expand_as(y), (y[:, 0] + y[:, 1]).mul_(dm).mul_(0.5), None
+        dgate = (y[:, 0] + y[:, 1]).mul_(dm).mul_(0.5)
+        return half.unsqueeze(1).expand_as(y), torch.ops.aten.silu_backward(dgate, z), None
+    if native:
+        dy, dz, dweight = native_cpu.merge_backward(dm, y, z, weight.to(y.dtype), dims.ngroups,
+                                                    dims.eps)
+        return dy, dz, dweight.to(weight.dtype)
+    gate = F.silu(z)
     n, rstd = _norms(y, gate, dims.ngroups, dims.eps)
     nf = n.flatten(2, 3)
     dweight = (nf * dm.unsqueeze(1)).sum((0, 3)).mul_(0.5)
@@ -112,54 +125,76 @@ def merge_backward(dm: Tensor, y: Tensor, gate: Tensor, weight: Tensor | None,
     mean = (dng * n).mean(-2, keepdim=True)
     dh = dng.addcmul_(n, mean, value=-1).mul_(rstd).flatten(2, 3)
     dgate = (dh * y).sum(1)
-    return dh.mul_(gate.unsqueeze(1)), dgate, dweight.to(weight.dtype)
+    return (dh.mul_(gate.unsqueeze(1)), torch.ops.aten.silu_backward(dgate, z),
+            dweight.to(weight.dtype))
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
-                   dims: InnerDims) -> tuple[Tensor, list]:
+                   dims: InnerDims, native: bool) -> tuple[Tensor, list]:
     """Mixed output (b, L, d) in the compute dtype and what the backward pass needs."""
     ct = torch.promote_types(proj.dtype, torch.float32)
-    xp, pre = _conv(proj, conv_weight, conv_bias, dims, ct)
-    u, Bm, Cm = _split_conv(F.silu(pre), dims)
+    xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    u, Bm, Cm = _split_conv(act, dims)
     dt = softplus(_dt(proj, dt_bias, dims, ct))
     y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
-    gate = F.silu(_channel_major(proj[..., :dims.d_inner], ct))
+    z = _channel_major(proj[..., :dims.d_inner], ct)
     out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
-    merge_forward(y.flatten(2, 3), gate, norm_weight, dims, out.transpose(1, 2))
+    merge_forward(y.flatten(2, 3), z, norm_weight, dims, out.transpose(1, 2), native)
     # keep the scan's (b, R, g, r p, L) product and its small state; the conv is recomputed
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
                  st.y_wide]
 
 
 def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
-          dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Padded channel-major conv input ``xp`` and both directions' pre-activations."""
+          dtype: torch.dtype, native: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Padded channel-major conv input ``xp``, both directions' pre-activations (None from the
+    native kernel, whose backward recomputes them) and their SiLU."""
     xp = pad_channel_major(proj[..., dims.d_inner:dims.d_inner + dims.conv_dim], dims.kernel,
                            dtype)
-    return xp, bidir_conv_forward(xp, conv_weight.to(dtype),
-                                  None if conv_bias is None else conv_bias.to(dtype))
+    weight, bias = conv_weight.to(dtype), None if conv_bias is None else conv_bias.to(dtype)
+    if native:
+        return xp, None, native_cpu.conv_silu_forward(xp, weight, bias)
+    pre = bidir_conv_forward(xp, weight, bias)
+    return xp, pre, F.silu(pre)
+
+
+def _conv_backward(dact: Tensor, xp: Tensor, pre: Tensor | None, conv_weight: Tensor,
+                   conv_bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Gradients of :func:`_conv`'s SiLU output: ``dx`` (b, C, L), ``dweight``, ``dbias``."""
+    if pre is None:
+        weight = conv_weight.to(xp.dtype)
+        return native_cpu.conv_silu_backward(
+            dact, xp, weight, None if conv_bias is None else conv_bias.to(xp.dtype))
+    return bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, conv_weight,
+                               conv_bias is not None)
+
+
+def _use_native(proj: Tensor, dims: InnerDims) -> bool:
+    """Whether this call runs the conv and the merge in the native CPU kernels
+    (:mod:`.native_cpu`)."""
+    return (proj.device.type == 'cpu' and 2 <= dims.kernel <= 4
+            and current_variant().native_cpu and native_cpu.available())
 
 
 def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: InnerDims,
-                    dproj: Tensor) -> list:
+                    dproj: Tensor, native: bool) -> list:
     """Gradients of one batch slice: writes ``dproj`` (like ``proj``) and returns those of the
     parameters ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` (float, or None)."""
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
     dt, *st = kept
     st = ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
-    xp, pre = _conv(proj, conv_weight, conv_bias, dims, ct)
-    u, Bm, Cm = _split_conv(F.silu(pre), dims)
+    xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u).flatten(2, 3)
     z = _channel_major(proj[..., :d], ct)
-    dy, dgate, dnorm = merge_backward(_channel_major(dout, ct), y, F.silu(z), norm_weight, dims)
+    dy, dz, dnorm = merge_backward(_channel_major(dout, ct), y, z, norm_weight, dims, native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
-    dx, dweight, dbias = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp,
-                                             conv_weight, conv_bias is not None)
+    dx, dweight, dbias = _conv_backward(dact, xp, pre, conv_weight, conv_bias)
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
-    dproj[..., :d].copy_(torch.ops.aten.silu_backward(dgate, z).transpose(1, 2))
+    dproj[..., :d].copy_(dz.transpose(1, 2))
     dproj[..., d:d + c].copy_(dx.transpose(1, 2))
     dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
@@ -181,13 +216,14 @@ class _BidirInner(torch.autograd.Function):
         params = [conv_weight, conv_bias, dt_bias, A, D, norm_weight]
         out = proj.new_empty(*proj.shape[:2], dims.d_inner)
         slices, kept = _batch_slices(proj, dims), []
+        native = _use_native(proj, dims)
         for sl in slices:
-            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims)
+            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native)
             out[sl] = out_sl
             kept += kept_sl
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(proj, *params, *kept)
-        ctx.dims, ctx.slices = dims, slices
+        ctx.dims, ctx.slices, ctx.native = dims, slices, native
         return out
 
     @staticmethod
@@ -200,7 +236,7 @@ class _BidirInner(torch.autograd.Function):
         with torch.autocast(device_type=proj.device.type, enabled=False):
             for i, sl in enumerate(ctx.slices):
                 grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
-                                        ctx.dims, dproj[sl])
+                                        ctx.dims, dproj[sl], ctx.native)
                 total = grads if total is None else [
                     None if t is None else t + g for t, g in zip(total, grads)]
         return (dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],

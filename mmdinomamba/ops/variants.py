@@ -46,6 +46,9 @@ class FastPathVariant:
             separate ops with the chunked scan. None: :func:`quadratic_max_len`.
         triangle_blocks (bool): CPU, quadratic form: skip the all-zero token blocks of its
             triangular matrix products (:mod:`.ssd_triangles`; False: full products).
+        native_cpu (bool): CPU, quadratic form: both directions' conv + SiLU and the gated
+            merge in the native C++ kernels (:mod:`.native_cpu`; False, or when they cannot be
+            built: PyTorch ops).
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -54,6 +57,7 @@ class FastPathVariant:
     recompute_merge: bool = True
     quadratic_max_len: int | None = None
     triangle_blocks: bool = True
+    native_cpu: bool = True
 
 
 _current = FastPathVariant()

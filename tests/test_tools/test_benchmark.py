@@ -24,7 +24,8 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'quadratic=True triangle_blocks=True with_cp=False keep_freed_memory=False '
+            'quadratic=True triangle_blocks=True native_cpu=True with_cp=False '
+            'keep_freed_memory=False '
             'chunk_size=default' in capsys.readouterr().out)
 
 
@@ -111,7 +112,8 @@ def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     mixer = rows['mixer between its projections, forward'] + rows[
         'mixer between its projections, backward']
     assert 0 < rows['SSD scan, forward and backward'] < mixer
-    assert 0 < rows["both directions' convs"] < mixer
+    assert 0 < rows["both directions' convs + SiLU"] < mixer
+    assert 0 < rows['gated RMSNorms and their average'] < mixer
     assert rows['rest: projections, norms, residuals, other layers'] > 0
     with pytest.raises(SystemExit, match='not one of'):
         _tool().main(['--device', 'cpu', '--breakdown', 'dinovim-t', '32', 'sideways'])

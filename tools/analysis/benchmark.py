@@ -81,6 +81,8 @@ FAST_PATH_SWITCHES = {
                  'quadratic scan',
     'triangle_blocks': 'CPU: the quadratic scan\'s triangular products in full instead of '
                        'skipping their all-zero blocks',
+    'native_cpu': 'CPU: the conv + SiLU and the gated merge as PyTorch ops instead of the '
+                  'native C++ kernels',
 }
 
 
@@ -247,8 +249,8 @@ BREAKDOWN = (
     ('strongly decaying heads, one by one', 2, [('ssd_quadratic_heads', 'add_forward'),
                                                 ('ssd_quadratic_heads', 'add_backward'),
                                                 ('ssd_quadratic_heads', 'add_saved')]),
-    ("both directions' convs", 1, [('bidir_inner', 'bidir_conv_forward'),
-                                   ('bidir_inner', 'bidir_conv_backward')]),
+    ("both directions' convs + SiLU", 1, [('bidir_inner', '_conv'),
+                                          ('bidir_inner', '_conv_backward')]),
     ('gated RMSNorms and their average', 1, [('bidir_inner', 'merge_forward'),
                                              ('bidir_inner', 'merge_backward')]),
 )

@@ -1,0 +1,386 @@
+// Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu).
+//
+// Both directions' depthwise conv + SiLU, forward and backward, each in one pass over its
+// operands (the PyTorch composition in shift_conv.py makes one pass per tap and direction). The
+// layout is that of shift_conv.py: a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
+// filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
+// (the conv of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k].
+// The backward pass recomputes the pre-activations instead of reading them.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace {
+
+// exp(-p) with the exponent capped at 80 (under -ffast-math, a division by an infinite
+// 1 + exp(-p) may give NaN; exp(-80) is far below the resolution of SiLU at such p).
+template <typename T>
+inline T exp_neg(T p) {
+  return std::exp(std::min(-p, T(80)));
+}
+
+// Pre-activation of direction D at token t (x points at the padded row).
+template <int D, int K, typename T>
+inline T pre_activation(const T* x, const T* w, T bias, int64_t t) {
+  T p = bias;
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) p += w[k] * x[t + (D == 0 ? k : 2 * (K - 1) - k)];
+  return p;
+}
+
+template <int D, int K, typename T>
+void silu_row(const T* x, const T* w, T bias, T* out, int64_t length) {
+#pragma omp simd
+  for (int64_t t = 0; t < length; ++t) {
+    const T p = pre_activation<D, K>(x, w, bias, t);
+    out[t] = p / (T(1) + exp_neg(p));
+  }
+}
+
+template <int K, typename T>
+void forward_kernel(const T* xp, const T* weight, const T* bias, T* act, int64_t batch,
+                    int64_t channels, int64_t length) {
+  const int64_t padded = length + 2 * (K - 1);
+  at::parallel_for(0, batch * channels, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / channels, c = row % channels;
+      const T* x = xp + row * padded;
+      silu_row<0, K>(x, weight + c * K, bias ? bias[c] : T(0),
+                     act + (b * 2 * channels + c) * length, length);
+      silu_row<1, K>(x, weight + (channels + c) * K, bias ? bias[channels + c] : T(0),
+                     act + ((b * 2 + 1) * channels + c) * length, length);
+    }
+  });
+}
+
+// d(pre) of direction D into g[t + K - 1] (g zero-padded by K - 1 on both sides); adds the
+// row's filter and bias gradients to dw[0..K) and *db.
+template <int D, int K, typename T>
+void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
+              int64_t length) {
+  T accb = 0;
+#pragma omp simd reduction(+ : accb)
+  for (int64_t t = 0; t < length; ++t) {
+    const T p = pre_activation<D, K>(x, w, bias, t);
+    const T e = exp_neg(p);
+    const T s = T(1) / (T(1) + e);
+    // silu'(p) = s (1 + p (1 - s)) with 1 - s = e s: no difference of near-equal terms that
+    // reassociation could create
+    const T q = dact[t] * s * (T(1) + p * e * s);
+    g[t + K - 1] = q;
+    accb += q;
+  }
+  // the row is in cache now: one reduction per tap
+  for (int k = 0; k < K; ++k) {
+    const int64_t off = D == 0 ? k : 2 * (K - 1) - k;
+    T a = 0;
+#pragma omp simd reduction(+ : a)
+    for (int64_t t = 0; t < length; ++t) a += g[t + K - 1] * x[t + off];
+    dw[k] += a;
+  }
+  *db += accb;
+}
+
+template <int K, typename T>
+void backward_kernel(const T* xp, const T* weight, const T* bias, const T* dact, T* dx, T* dw,
+                     T* db, int64_t batch, int64_t channels, int64_t length) {
+  const int64_t padded = length + 2 * (K - 1);
+  // channels in parallel, the batch inside: each thread owns its channels' filter gradients
+  at::parallel_for(0, channels, 4, [&](int64_t begin, int64_t end) {
+    std::vector<T> g0(length + 2 * (K - 1), T(0)), g1(length + 2 * (K - 1), T(0));
+    for (int64_t c = begin; c < end; ++c) {
+      const T* w0 = weight + c * K;
+      const T* w1 = weight + (channels + c) * K;
+      const T b0 = bias ? bias[c] : T(0), b1 = bias ? bias[channels + c] : T(0);
+      T dw0[K] = {}, dw1[K] = {};
+      T db0 = 0, db1 = 0;
+      for (int64_t b = 0; b < batch; ++b) {
+        const T* x = xp + (b * channels + c) * padded;
+        grad_row<0, K>(x, w0, b0, dact + (b * 2 * channels + c) * length, g0.data(), dw0, &db0,
+                       length);
+        grad_row<1, K>(x, w1, b1, dact + ((b * 2 + 1) * channels + c) * length, g1.data(), dw1,
+                       &db1, length);
+        // input token s sits at padded index s + K - 1: direction 0's tap k read it at
+        // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
+        T* out = dx + (b * channels + c) * length;
+        const T* h0 = g0.data();
+        const T* h1 = g1.data();
+#pragma omp simd
+        for (int64_t s = 0; s < length; ++s) {
+          T v = 0;
+#pragma GCC unroll 8
+          for (int k = 0; k < K; ++k) v += w0[k] * h0[s + 2 * (K - 1) - k] + w1[k] * h1[s + k];
+          out[s] = v;
+        }
+      }
+      for (int k = 0; k < K; ++k) {
+        dw[c * K + k] = dw0[k];
+        dw[(channels + c) * K + k] = dw1[k];
+      }
+      if (db) {
+        db[c] = db0;
+        db[channels + c] = db1;
+      }
+    }
+  });
+}
+
+void check(const at::Tensor& xp, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(xp.device().is_cpu() && xp.dim() == 3 && xp.is_contiguous(),
+              "native conv: xp must be a contiguous (b, C, L + 2 (K - 1)) CPU tensor");
+  TORCH_CHECK(weight.dim() == 3 && weight.size(0) == 2 && weight.size(1) == xp.size(1) &&
+                  weight.is_contiguous() && weight.scalar_type() == xp.scalar_type(),
+              "native conv: weight must be a contiguous (2, C, K) tensor of xp's dtype");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == 2 * xp.size(1) &&
+                        bias->scalar_type() == xp.scalar_type()),
+              "native conv: bias must be a contiguous (2, C) tensor of xp's dtype");
+  TORCH_CHECK(xp.size(2) > 2 * (weight.size(2) - 1), "native conv: empty sequence");
+}
+
+template <typename F>
+void with_kernel_size(int64_t k, F&& f) {
+  switch (k) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: TORCH_CHECK(false, "native conv: kernel sizes 2-4 only, got ", k);
+  }
+}
+
+at::Tensor conv_silu_forward(const at::Tensor& xp, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias) {
+  check(xp, weight, bias);
+  const int64_t batch = xp.size(0), channels = xp.size(1), kernel = weight.size(2);
+  const int64_t length = xp.size(2) - 2 * (kernel - 1);
+  auto act = at::empty({batch, 2, channels, length}, xp.options());
+  AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "conv_silu_forward", [&] {
+    with_kernel_size(kernel, [&](auto K) {
+      forward_kernel<decltype(K)::value, scalar_t>(
+          xp.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+          bias ? bias->data_ptr<scalar_t>() : nullptr, act.data_ptr<scalar_t>(), batch, channels,
+          length);
+    });
+  });
+  return act;
+}
+
+std::vector<at::Tensor> conv_silu_backward(const at::Tensor& dact, const at::Tensor& xp,
+                                           const at::Tensor& weight,
+                                           const std::optional<at::Tensor>& bias) {
+  check(xp, weight, bias);
+  const int64_t batch = xp.size(0), channels = xp.size(1), kernel = weight.size(2);
+  const int64_t length = xp.size(2) - 2 * (kernel - 1);
+  TORCH_CHECK(dact.sizes() == at::IntArrayRef({batch, 2, channels, length}) &&
+                  dact.scalar_type() == xp.scalar_type(),
+              "native conv: dact must be (b, 2, C, L) of xp's dtype");
+  const auto g = dact.contiguous();
+  auto dx = at::empty({batch, channels, length}, xp.options());
+  auto dw = at::empty_like(weight);
+  auto db = at::empty({2, channels}, xp.options());
+  AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "conv_silu_backward", [&] {
+    with_kernel_size(kernel, [&](auto K) {
+      backward_kernel<decltype(K)::value, scalar_t>(
+          xp.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+          bias ? bias->data_ptr<scalar_t>() : nullptr, g.data_ptr<scalar_t>(),
+          dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(),
+          bias ? db.data_ptr<scalar_t>() : nullptr, batch, channels, length);
+    });
+  });
+  if (!bias) return {dx, dw};
+  return {dx, dw, db};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gated merge: out = (rmsnorm(y_0 g) w_0 + rmsnorm(y_1 g) w_1) / 2 with g = silu(z), the
+// root mean square over groups of d / G channels; channel-major (b, ., d, L) operands, worked
+// in tiles of TILE tokens of one sample and group (two passes over a tile that stays in cache).
+constexpr int64_t TILE = 64;
+
+template <typename T>
+void merge_forward_kernel(const T* y, const T* z, const T* w, T* out, int64_t batch, int64_t d,
+                          int64_t length, int64_t groups, T eps) {
+  const int64_t cg = d / groups;
+  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    T ss0[TILE], ss1[TILE];
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / groups, c0 = (bg % groups) * cg;
+      for (int64_t t0 = 0; t0 < length; t0 += TILE) {
+        const int64_t n = std::min(TILE, length - t0);
+        for (int64_t t = 0; t < n; ++t) ss0[t] = ss1[t] = 0;
+        for (int64_t c = c0; c < c0 + cg; ++c) {
+          const T* y0 = y + ((b * 2) * d + c) * length + t0;
+          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
+          const T* zr = z + (b * d + c) * length + t0;
+          T* o = out + (b * d + c) * length + t0;  // holds the gate until the second pass
+#pragma omp simd
+          for (int64_t t = 0; t < n; ++t) {
+            const T g = zr[t] / (T(1) + exp_neg(zr[t]));
+            const T h0 = y0[t] * g, h1 = y1[t] * g;
+            ss0[t] += h0 * h0;
+            ss1[t] += h1 * h1;
+            o[t] = g;
+          }
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          ss0[t] = T(1) / std::sqrt(ss0[t] / T(cg) + eps);
+          ss1[t] = T(1) / std::sqrt(ss1[t] / T(cg) + eps);
+        }
+        for (int64_t c = c0; c < c0 + cg; ++c) {
+          const T* y0 = y + ((b * 2) * d + c) * length + t0;
+          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
+          T* o = out + (b * d + c) * length + t0;
+          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
+#pragma omp simd
+          for (int64_t t = 0; t < n; ++t)
+            o[t] = o[t] * (y0[t] * ss0[t] * w0 + y1[t] * ss1[t] * w1);
+        }
+      }
+    }
+  });
+}
+
+// Gradients for dm (b, d, L): dy (b, 2, d, L), dz (b, d, L) and the filter gradient of every
+// sample dw (b, 2, d) (summed over b by the caller).
+template <typename T>
+void merge_backward_kernel(const T* dm, const T* y, const T* z, const T* w, T* dy, T* dz,
+                           T* dw, int64_t batch, int64_t d, int64_t length, int64_t groups,
+                           T eps) {
+  const int64_t cg = d / groups;
+  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    T r0[TILE], r1[TILE], m0[TILE], m1[TILE];
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / groups, c0 = (bg % groups) * cg;
+      for (int64_t c = c0; c < c0 + cg; ++c) dw[(b * 2) * d + c] = dw[(b * 2 + 1) * d + c] = 0;
+      for (int64_t t0 = 0; t0 < length; t0 += TILE) {
+        const int64_t n = std::min(TILE, length - t0);
+        for (int64_t t = 0; t < n; ++t) r0[t] = r1[t] = m0[t] = m1[t] = 0;
+        // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); dz holds exp(-z)
+        for (int64_t c = c0; c < c0 + cg; ++c) {
+          const int64_t row = (b * d + c) * length + t0;
+          const T* y0 = y + ((b * 2) * d + c) * length + t0;
+          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
+          const T* zr = z + row;
+          const T* g = dm + row;
+          T* ez = dz + row;
+          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
+#pragma omp simd
+          for (int64_t t = 0; t < n; ++t) {
+            const T e = exp_neg(zr[t]);
+            const T gate = zr[t] / (T(1) + e);
+            const T h0 = y0[t] * gate, h1 = y1[t] * gate;
+            r0[t] += h0 * h0;
+            r1[t] += h1 * h1;
+            m0[t] += w0 * g[t] * h0;
+            m1[t] += w1 * g[t] * h1;
+            ez[t] = e;
+          }
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          r0[t] = T(1) / std::sqrt(r0[t] / T(cg) + eps);
+          r1[t] = T(1) / std::sqrt(r1[t] / T(cg) + eps);
+          // mean_c(dn n) = rstd mean_c(dn h); stored as rstd^2 mean_c(dn h) for dh below
+          m0[t] = m0[t] / T(cg) * r0[t] * r0[t];
+          m1[t] = m1[t] / T(cg) * r1[t] * r1[t];
+        }
+        // pass 2: dh = (dn - n mean(dn n)) rstd = rstd dn - h rstd^2 mean(dn n) ...
+        for (int64_t c = c0; c < c0 + cg; ++c) {
+          const int64_t row = (b * d + c) * length + t0;
+          const T* y0 = y + ((b * 2) * d + c) * length + t0;
+          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
+          T* dy0 = dy + ((b * 2) * d + c) * length + t0;
+          T* dy1 = dy + ((b * 2 + 1) * d + c) * length + t0;
+          const T* zr = z + row;
+          const T* g = dm + row;
+          T* dzr = dz + row;
+          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
+          T a0 = 0, a1 = 0;
+#pragma omp simd reduction(+ : a0, a1)
+          for (int64_t t = 0; t < n; ++t) {
+            const T e = dzr[t];
+            const T s = T(1) / (T(1) + e);
+            const T gate = zr[t] * s;
+            const T h0 = y0[t] * gate, h1 = y1[t] * gate;
+            const T dh0 = r0[t] * (w0 * g[t] - h0 * m0[t]);
+            const T dh1 = r1[t] * (w1 * g[t] - h1 * m1[t]);
+            a0 += h0 * r0[t] * g[t];
+            a1 += h1 * r1[t] * g[t];
+            dy0[t] = dh0 * gate;
+            dy1[t] = dh1 * gate;
+            const T dgate = dh0 * y0[t] + dh1 * y1[t];
+            // silu'(z) = s (1 + z (1 - s)) with 1 - s = e s
+            dzr[t] = dgate * s * (T(1) + zr[t] * e * s);
+          }
+          dw[(b * 2) * d + c] += T(0.5) * a0;
+          dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
+        }
+      }
+    }
+  });
+}
+
+void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
+                 int64_t groups) {
+  TORCH_CHECK(y.device().is_cpu() && y.dim() == 4 && y.size(1) == 2 && y.is_contiguous(),
+              "native merge: y must be a contiguous (b, 2, d, L) CPU tensor");
+  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
+  TORCH_CHECK(z.sizes() == at::IntArrayRef({batch, d, length}) && z.is_contiguous() &&
+                  z.scalar_type() == y.scalar_type(),
+              "native merge: z must be a contiguous (b, d, L) tensor of y's dtype");
+  TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
+                  weight.scalar_type() == y.scalar_type(),
+              "native merge: weight must be a contiguous (2, d) tensor of y's dtype");
+  TORCH_CHECK(groups > 0 && d % groups == 0, "native merge: ", groups,
+              " groups do not divide d = ", d);
+}
+
+at::Tensor merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
+                         int64_t groups, double eps) {
+  check_merge(y, z, weight, groups);
+  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
+  auto out = at::empty({batch, d, length}, y.options());
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_forward", [&] {
+    merge_forward_kernel<scalar_t>(y.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(),
+                                   weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), batch,
+                                   d, length, groups, static_cast<scalar_t>(eps));
+  });
+  return out;
+}
+
+std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y,
+                                       const at::Tensor& z, const at::Tensor& weight,
+                                       int64_t groups, double eps) {
+  check_merge(y, z, weight, groups);
+  TORCH_CHECK(dm.sizes() == z.sizes() && dm.is_contiguous() &&
+                  dm.scalar_type() == y.scalar_type(),
+              "native merge: dm must be a contiguous (b, d, L) tensor of y's dtype");
+  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
+  auto dy = at::empty_like(y);
+  auto dz = at::empty_like(z);
+  auto dw = at::empty({batch, 2, d}, y.options());
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_backward", [&] {
+    merge_backward_kernel<scalar_t>(dm.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                    z.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                                    dy.data_ptr<scalar_t>(), dz.data_ptr<scalar_t>(),
+                                    dw.data_ptr<scalar_t>(), batch, d, length, groups,
+                                    static_cast<scalar_t>(eps));
+  });
+  return {dy, dz, dw.sum(0)};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("conv_silu_forward", &conv_silu_forward,
+        "both directions' depthwise conv + SiLU: xp (b, C, L + 2 (K - 1)) -> (b, 2, C, L)");
+  m.def("conv_silu_backward", &conv_silu_backward,
+        "gradients of conv_silu_forward: [dx (b, C, L), dweight (2, C, K), dbias (2, C)]");
+  m.def("merge_forward", &merge_forward,
+        "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2: y (b, 2, d, L), z (b, d, L)");
+  m.def("merge_backward", &merge_backward,
+        "gradients of merge_forward for dm (b, d, L): [dy, dz, dweight (2, d)]");
+}

@@ -1,0 +1,136 @@
+"""Native CPU kernels of the bidirectional mixer's fast path, compiled on first use.
+
+Both directions' depthwise conv + SiLU, and the gated RMSNorms of both directions with their
+average, forward and backward, are element-wise work that the PyTorch compositions
+(:mod:`.shift_conv`, :func:`~mmdinomamba.ops.bidir_inner.merge_forward`) do in one pass over
+memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
+over cache-sized tiles. They are built with
+``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up) for the machine they run
+on (``-march=native``; the build is keyed by the CPU's instruction-set flags, so a shared cache
+never hands one CPU another's binary) and kept in PyTorch's extension cache
+(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); a first build takes about
+half a minute, later processes load it in well under a second.
+
+The PyTorch composition stays the specification: the tests compare both, and everything falls
+back to it when the kernels cannot be built (a warning says why, once) or when
+``MMDINOMAMBA_NATIVE_CPU=0`` is set; ``fast_path_variant(native_cpu=False)`` switches them off
+for one block of code (A/B timing).
+"""
+import hashlib
+import logging
+import os
+import platform
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'load_error', 'conv_silu_forward',
+           'conv_silu_backward', 'merge_forward', 'merge_backward']
+
+ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
+SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
+#: -ffast-math lets g++ vectorize exp (glibc's vector math library); the kernels hold no
+#: NaN / infinity tests that it could remove.
+CFLAGS = ['-O3', '-march=native', '-ffast-math']
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_key() -> str:
+    """A short digest of what ``-march=native`` compiles for: machine, instruction-set flags,
+    torch version and compiler flags."""
+    flags = ''
+    try:
+        with open('/proc/cpuinfo') as f:
+            flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
+    except OSError:
+        pass
+    text = '|'.join([platform.machine(), flags, torch.__version__, ' '.join(CFLAGS)])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _disabled() -> bool:
+    return os.environ.get(ENV_SWITCH, '1').strip().lower() in ('0', 'false', 'no', 'off')
+
+
+def load():
+    """The compiled module (built on first call), or None when switched off or not buildable
+    (the reason in :func:`load_error`, and in one warning)."""
+    if _disabled():
+        return None
+    with _lock:
+        if 'module' not in _state:
+            _state['module'], _state['error'] = _build()
+        return _state['module']
+
+
+def _build():
+    try:
+        # importing cpp_extension logs "No CUDA runtime is found" on CPU-only machines
+        ext_logger = logging.getLogger('torch.utils.cpp_extension')
+        level = ext_logger.level
+        ext_logger.setLevel(logging.ERROR)
+        try:
+            from torch.utils.cpp_extension import load as load_extension
+        finally:
+            ext_logger.setLevel(level)
+        start = time.perf_counter()
+        module = load_extension(name=f'mmdinomamba_cpu_mixer_{_cpu_key()}',
+                                sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+        seconds = time.perf_counter() - start
+        if seconds > 5:  # it compiled: say where the time went
+            print(f'mmdinomamba: built the native CPU kernels in {seconds:.0f} s (once per '
+                  f'machine and source version)', flush=True)
+        return module, None
+    except Exception as exc:  # no compiler, no ninja, a read-only cache, ...
+        error = f'{type(exc).__name__}: {exc}'.strip()
+        warnings.warn(f'mmdinomamba: the native CPU kernels ({SOURCE.name}) could not be built, '
+                      f'the PyTorch ops run instead (slower). Reason: {error[-2000:]}')
+        return None, error
+
+
+def available() -> bool:
+    """Whether the native kernels are in use (builds them on first call)."""
+    return load() is not None
+
+
+def load_error() -> str | None:
+    """Why the last build failed (None if it did not fail or was not tried)."""
+    return _state.get('error')
+
+
+def conv_silu_forward(xp: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``silu`` of :func:`~mmdinomamba.ops.shift_conv.bidir_conv_forward`: (b, 2, C, L) from the
+    padded channel-major ``xp`` (b, C, L + 2 (K - 1)), ``weight`` (2, C, K) and ``bias`` (2, C)
+    of ``xp``'s dtype (float32 or float64, K from 2 to 4)."""
+    return load().conv_silu_forward(xp, weight.contiguous(),
+                                    None if bias is None else bias.contiguous())
+
+
+def conv_silu_backward(dact: Tensor, xp: Tensor, weight: Tensor,
+                       bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L): ``dx`` (b, C, L),
+    ``dweight`` (2, C, K) and ``dbias`` (2, C) or None (the pre-activations are recomputed)."""
+    grads = load().conv_silu_backward(dact, xp, weight.contiguous(),
+                                      None if bias is None else bias.contiguous())
+    return grads[0], grads[1], grads[2] if bias is not None else None
+
+
+def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float) -> Tensor:
+    """``(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2`` (b, d, L) of ``y``
+    (b, 2, d, L) and ``z`` (b, d, L), the root mean square over ``groups`` groups of channels
+    (:func:`~mmdinomamba.ops.bidir_inner.merge_forward` with a weight)."""
+    return load().merge_forward(y, z, weight.contiguous(), groups, eps)
+
+
+def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int,
+                   eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L), ``dz``
+    (b, d, L) and ``dweight`` (2, d)."""
+    dy, dz, dweight = load().merge_backward(dm, y, z, weight.contiguous(), groups, eps)
+    return dy, dz, dweight

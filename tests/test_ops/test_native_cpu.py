@@ -1,0 +1,146 @@
+"""The native CPU kernels (conv + SiLU, gated merge) == the PyTorch compositions they replace
+(forward and backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
+they cannot be built or are switched off."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmdinomamba.models.mixers import BiSSD
+from mmdinomamba.ops import InnerDims, bidir_inner, fast_path_variant, native_cpu
+from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
+                                        pad_channel_major)
+
+
+def test_kernels_build_on_this_machine():
+    # the set-up installs g++ and ninja: a failed build here is a fault, not a skip
+    assert native_cpu.available(), native_cpu.load_error()
+
+
+def _composition(xp, w, b, dact):
+    pre = bidir_conv_forward(xp, w, b)
+    grads = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, w, b is not None)
+    return [F.silu(pre), *grads]
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize('kernel', [2, 3, 4])
+@pytest.mark.parametrize('with_bias', [True, False])
+def test_equals_the_composition(dtype, tol, kernel, with_bias):
+    x = torch.randn(3, 37, 20, dtype=dtype)
+    w = torch.randn(2, 20, kernel, dtype=dtype)
+    b = torch.randn(2, 20, dtype=dtype) if with_bias else None
+    xp = pad_channel_major(x, kernel, dtype)
+    dact = torch.randn(3, 2, 20, 37, dtype=dtype)
+    want = _composition(xp, w, b, dact)
+    got = [native_cpu.conv_silu_forward(xp, w, b),
+           *native_cpu.conv_silu_backward(dact, xp, w, b)]
+    assert (got[-1] is None) == (not with_bias)
+    for name, g, r in zip(['act', 'dx', 'dweight', 'dbias'], got, want):
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(),
+                                       msg=name)
+
+
+def test_saturated_activations_stay_finite():
+    # pre-activations of +-1e4: exp overflows inside SiLU, its value and gradient do not
+    x = torch.randn(2, 9, 4) * 1e4
+    w, b = torch.ones(2, 4, 4), torch.zeros(2, 4)
+    xp = pad_channel_major(x, 4, torch.float32)
+    dact = torch.randn(2, 2, 4, 9)
+    want = _composition(xp, w, b, dact)
+    got = [native_cpu.conv_silu_forward(xp, w, b), *native_cpu.conv_silu_backward(dact, xp, w, b)]
+    for g, r in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
+
+
+def test_bad_input_is_named():
+    xp = torch.randn(2, 4, 15)
+    with pytest.raises(RuntimeError, match='weight must be a contiguous \\(2, C, K\\)'):
+        native_cpu.conv_silu_forward(xp, torch.randn(2, 5, 4), None)
+    with pytest.raises(RuntimeError, match='xp must be a contiguous'):
+        native_cpu.conv_silu_forward(xp.transpose(1, 2), torch.randn(2, 15, 4), None)
+    with pytest.raises(RuntimeError, match='kernel sizes 2-4 only, got 5'):
+        native_cpu.conv_silu_forward(xp, torch.randn(2, 4, 5), None)
+    with pytest.raises(RuntimeError, match='dact must be \\(b, 2, C, L\\)'):
+        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), xp, torch.randn(2, 4, 4), None)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('groups,length', [(1, 150), (2, 7), (4, 64)])
+def test_merge_equals_the_composition(dtype, tol, groups, length):
+    # 150 tokens: two full tiles of 64 and a partial one
+    dims = InnerDims(d_inner=24, ngroups=groups, d_state=4, headdim=4, kernel=4)
+    y = torch.randn(3, 2, 24, length, dtype=dtype)
+    z = torch.randn(3, 24, length, dtype=dtype) * 3
+    w = torch.randn(2, 24, dtype=dtype)
+    dm = torch.randn(3, 24, length, dtype=dtype)
+    outs = [torch.empty(3, 24, length, dtype=dtype) for _ in range(2)]
+    for native, out in zip((True, False), outs):
+        bidir_inner.merge_forward(y, z, w, dims, out, native=native)
+    torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
+    got = bidir_inner.merge_backward(dm, y, z, w, dims, native=True)
+    want = bidir_inner.merge_backward(dm, y, z, w, dims, native=False)
+    for name, g, r in zip(['dy', 'dz', 'dweight'], got, want):
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
+
+
+def test_merge_bad_input_is_named():
+    y, z, w = torch.randn(2, 2, 8, 5), torch.randn(2, 8, 5), torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match='3 groups do not divide d = 8'):
+        native_cpu.merge_forward(y, z, w, 3, 1e-5)
+    with pytest.raises(RuntimeError, match='z must be a contiguous \(b, d, L\)'):
+        native_cpu.merge_forward(y, z[..., :4], w, 1, 1e-5)
+    with pytest.raises(RuntimeError, match='dm must be a contiguous \(b, d, L\)'):
+        native_cpu.merge_backward(torch.randn(2, 8, 4), y, z, w, 1, 1e-5)
+
+
+def _grads(m, x):
+    m.zero_grad()
+    x = x.detach().requires_grad_()
+    y = m(x)
+    y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
+    return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
+
+
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    x = torch.randn(3, 23, 32, dtype=torch.float64)
+    calls = []
+    for name in ('conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward'):
+        fn = getattr(native_cpu, name)
+        monkeypatch.setattr(native_cpu, name,
+                            lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    native = _grads(m, x)
+    # forward; conv recomputed in the backward pass
+    assert calls == ['conv_silu_forward', 'merge_forward', 'conv_silu_forward', 'merge_backward',
+                     'conv_silu_backward']
+    calls.clear()
+    with fast_path_variant(native_cpu=False):
+        ops = _grads(m, x)
+    assert calls == []
+    for a, b in zip(native, ops):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(native_cpu.ENV_SWITCH, '0')
+    assert not native_cpu.available()
+    monkeypatch.setenv(native_cpu.ENV_SWITCH, '1')
+    assert native_cpu.available()
+
+
+def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_cpu, '_state', {})
+    monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        assert not native_cpu.available()
+        assert not native_cpu.available()  # tried once, warned once
+    assert len(caught) == 1 and 'could not be built' in str(caught[0].message)
+    assert 'missing.cpp' in native_cpu.load_error()
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8)
+    y = m(torch.randn(2, 9, 32))  # the PyTorch ops run instead
+    assert torch.isfinite(y).all()
