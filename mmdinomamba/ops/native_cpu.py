@@ -4,12 +4,13 @@ Both directions' depthwise conv + SiLU, and the gated RMSNorms of both direction
 average, forward and backward, are element-wise work that the PyTorch compositions
 (:mod:`.shift_conv`, :func:`~mmdinomamba.ops.bidir_inner.merge_forward`) do in one pass over
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
-over cache-sized tiles. They are built with
-``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up) for the machine they run
-on (``-march=native``; the build is keyed by the CPU's instruction-set flags, so a shared cache
-never hands one CPU another's binary) and kept in PyTorch's extension cache
-(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); a first build takes about
-half a minute, later processes load it in well under a second.
+over cache-sized tiles. They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both
+part of the set-up) for the machine they run on (``-march=native``; the build is keyed by the
+CPU's instruction-set flags, so a shared cache never hands one CPU another's binary) and kept in
+PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
+a first build takes about half a minute, later processes load it in well under a second.
+``-ffast-math`` is a compile flag only: the library is linked without it, so loading it does
+not switch the process to flushing subnormal floats to zero (tested).
 
 The PyTorch composition stays the specification: the tests compare both, and everything falls
 back to it when the kernels cannot be built (a warning says why, once) or when

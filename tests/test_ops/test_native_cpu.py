@@ -18,6 +18,13 @@ def test_kernels_build_on_this_machine():
     assert native_cpu.available(), native_cpu.load_error()
 
 
+def test_loading_them_keeps_subnormal_floats():
+    # a shared library linked with -ffast-math would set flush-to-zero for the whole process
+    assert native_cpu.available()
+    tiny = torch.tensor([1e-38]) * 1e-5
+    assert 0 < tiny.item() < 1e-42
+
+
 def _composition(xp, w, b, dact):
     pre = bidir_conv_forward(xp, w, b)
     grads = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, w, b is not None)
