@@ -6,7 +6,8 @@ average, forward and backward, are element-wise work that the PyTorch compositio
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
 over cache-sized tiles. They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both
 part of the set-up) for the machine they run on (``-march=native``; the build is keyed by the
-CPU's instruction-set flags, so a shared cache never hands one CPU another's binary) and kept in
+CPU's instruction-set flags, so a shared cache never hands one CPU another's binary, and by the
+source's path and contents) and kept in
 PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
 a first build takes about half a minute, later processes load it in well under a second.
 ``-ffast-math`` is a compile flag only: the library is linked without it, so loading it does
@@ -42,17 +43,24 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _cpu_key() -> str:
-    """A short digest of what ``-march=native`` compiles for: machine, instruction-set flags,
-    torch version and compiler flags."""
+def _build_key() -> str:
+    """A short digest of what the build depends on: machine and instruction-set flags (what
+    ``-march=native`` compiles for), torch version, compiler flags, and the source's path and
+    contents (two checkouts or versions sharing one cache each keep their own build instead of
+    rebuilding over each other's)."""
     flags = ''
     try:
         with open('/proc/cpuinfo') as f:
             flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
     except OSError:
         pass
-    text = '|'.join([platform.machine(), flags, torch.__version__, ' '.join(CFLAGS)])
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    try:
+        source = SOURCE.read_bytes()
+    except OSError:
+        source = b''  # the build reports the missing file
+    text = '|'.join([platform.machine(), flags, torch.__version__, ' '.join(CFLAGS),
+                     str(SOURCE.resolve())])
+    return hashlib.sha1(text.encode() + source).hexdigest()[:12]
 
 
 def _disabled() -> bool:
@@ -81,7 +89,7 @@ def _build():
         finally:
             ext_logger.setLevel(level)
         start = time.perf_counter()
-        module = load_extension(name=f'mmdinomamba_cpu_mixer_{_cpu_key()}',
+        module = load_extension(name=f'mmdinomamba_cpu_mixer_{_build_key()}',
                                 sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
         seconds = time.perf_counter() - start
         if seconds > 5:  # it compiled: say where the time went

@@ -139,9 +139,22 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert native_cpu.available()
 
 
+def test_the_build_is_keyed_by_source_path_and_contents(monkeypatch, tmp_path):
+    # two checkouts or versions sharing one extension cache keep separate builds
+    key = native_cpu._build_key()
+    assert key == native_cpu._build_key()
+    copy = tmp_path / 'cpu_mixer.cpp'
+    copy.write_bytes(native_cpu.SOURCE.read_bytes())
+    monkeypatch.setattr(native_cpu, 'SOURCE', copy)
+    moved = native_cpu._build_key()
+    copy.write_bytes(copy.read_bytes() + b'// changed\n')
+    assert len({key, moved, native_cpu._build_key()}) == 3
+
+
 def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(native_cpu, '_state', {})
     monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')
+    monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path / 'cache'))  # not the user's cache
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         assert not native_cpu.available()

@@ -1,11 +1,13 @@
-// Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu).
+// Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu):
+// both directions' depthwise conv + SiLU, and the gated merge (both directions' gated RMSNorms
+// and their average), forward and backward. The PyTorch compositions they replace
+// (shift_conv.py, bidir_inner.merge_forward / merge_backward) are the specification.
 //
-// Both directions' depthwise conv + SiLU, forward and backward, each in one pass over its
-// operands (the PyTorch composition in shift_conv.py makes one pass per tap and direction). The
-// layout is that of shift_conv.py: a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
+// Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
 // filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
 // (the conv of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k].
-// The backward pass recomputes the pre-activations instead of reading them.
+// Each direction is one pass over its row; the backward pass recomputes the pre-activations
+// instead of reading them.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
