@@ -171,9 +171,11 @@ def _conv_backward(dact: Tensor, xp: Tensor, pre: Tensor | None, conv_weight: Te
 
 def _use_native(proj: Tensor, dims: InnerDims) -> bool:
     """Whether this call runs the conv and the merge in the native CPU kernels
-    (:mod:`.native_cpu`)."""
+    (:mod:`.native_cpu`); not while ``torch.compile`` traces it (the compiler cannot see into
+    them: it traces the PyTorch ops instead)."""
     return (proj.device.type == 'cpu' and 2 <= dims.kernel <= 4
-            and current_variant().native_cpu and native_cpu.available())
+            and current_variant().native_cpu and not torch.compiler.is_compiling()
+            and native_cpu.available())
 
 
 def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: InnerDims,
