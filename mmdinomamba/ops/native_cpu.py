@@ -70,8 +70,12 @@ def _disabled() -> bool:
 def load():
     """The compiled module (built on first call), or None when switched off or not buildable
     (the reason in :func:`load_error`, and in one warning)."""
-    if _disabled():
-        return None
+    return None if _disabled() else _module()
+
+
+def _module():
+    """The compiled module, built once per process, whatever the switch says now: the calls
+    below run what a forward pass chose, and its backward pass must not be turned away."""
     with _lock:
         if 'module' not in _state:
             _state['module'], _state['error'] = _build()
@@ -117,7 +121,7 @@ def conv_silu_forward(xp: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
     """``silu`` of :func:`~mmdinomamba.ops.shift_conv.bidir_conv_forward`: (b, 2, C, L) from the
     padded channel-major ``xp`` (b, C, L + 2 (K - 1)), ``weight`` (2, C, K) and ``bias`` (2, C)
     of ``xp``'s dtype (float32 or float64, K from 2 to 4)."""
-    return load().conv_silu_forward(xp, weight.contiguous(),
+    return _module().conv_silu_forward(xp, weight.contiguous(),
                                     None if bias is None else bias.contiguous())
 
 
@@ -125,7 +129,7 @@ def conv_silu_backward(dact: Tensor, xp: Tensor, weight: Tensor,
                        bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L): ``dx`` (b, C, L),
     ``dweight`` (2, C, K) and ``dbias`` (2, C) or None (the pre-activations are recomputed)."""
-    grads = load().conv_silu_backward(dact, xp, weight.contiguous(),
+    grads = _module().conv_silu_backward(dact, xp, weight.contiguous(),
                                       None if bias is None else bias.contiguous())
     return grads[0], grads[1], grads[2] if bias is not None else None
 
@@ -134,12 +138,12 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float)
     """``(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2`` (b, d, L) of ``y``
     (b, 2, d, L) and ``z`` (b, d, L), the root mean square over ``groups`` groups of channels
     (:func:`~mmdinomamba.ops.bidir_inner.merge_forward` with a weight)."""
-    return load().merge_forward(y, z, weight.contiguous(), groups, eps)
+    return _module().merge_forward(y, z, weight.contiguous(), groups, eps)
 
 
 def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int,
                    eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L), ``dz``
     (b, d, L) and ``dweight`` (2, d)."""
-    dy, dz, dweight = load().merge_backward(dm, y, z, weight.contiguous(), groups, eps)
+    dy, dz, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps)
     return dy, dz, dweight

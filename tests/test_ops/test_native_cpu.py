@@ -172,6 +172,20 @@ def test_the_build_is_keyed_by_source_path_and_contents(monkeypatch, tmp_path):
     assert len({key, moved, native_cpu._build_key()}) == 3
 
 
+def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
+    # switched off between forward and backward: the backward pass still uses the kernels
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    want = _grads(m, x)
+    m.zero_grad()
+    xl = x.clone().requires_grad_()
+    y = m(xl)
+    monkeypatch.setenv(native_cpu.ENV_SWITCH, '0')
+    y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
+    for a, b in zip([y.detach(), xl.grad] + [p.grad for p in m.parameters()], want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(native_cpu, '_state', {})
     monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')

@@ -26,6 +26,19 @@ inline T exp_neg(T p) {
   return std::exp(std::min(-p, T(80)));
 }
 
+// silu(p) = p / (1 + exp(-p)).
+template <typename T>
+inline T silu(T p) {
+  return p / (T(1) + exp_neg(p));
+}
+
+// silu'(p) = s (1 + p (1 - s)) from e = exp_neg(p) and s = 1 / (1 + e), written with
+// 1 - s = e s: no difference of near-equal terms that reassociation could create.
+template <typename T>
+inline T silu_grad(T p, T e, T s) {
+  return s * (T(1) + p * e * s);
+}
+
 // Pre-activation of direction D at token t (x points at the padded row).
 template <int D, int K, typename T>
 inline T pre_activation(const T* x, const T* w, T bias, int64_t t) {
@@ -40,7 +53,7 @@ void silu_row(const T* x, const T* w, T bias, T* out, int64_t length) {
 #pragma omp simd
   for (int64_t t = 0; t < length; ++t) {
     const T p = pre_activation<D, K>(x, w, bias, t);
-    out[t] = p / (T(1) + exp_neg(p));
+    out[t] = silu(p);
   }
 }
 
@@ -70,10 +83,7 @@ void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
   for (int64_t t = 0; t < length; ++t) {
     const T p = pre_activation<D, K>(x, w, bias, t);
     const T e = exp_neg(p);
-    const T s = T(1) / (T(1) + e);
-    // silu'(p) = s (1 + p (1 - s)) with 1 - s = e s: no difference of near-equal terms that
-    // reassociation could create
-    const T q = dact[t] * s * (T(1) + p * e * s);
+    const T q = dact[t] * silu_grad(p, e, T(1) / (T(1) + e));
     g[t + K - 1] = q;
     accb += q;
   }
@@ -221,7 +231,7 @@ void merge_forward_kernel(const T* y, const T* z, const T* w, T* out, int64_t ba
           T* o = out + (b * d + c) * length + t0;  // holds the gate until the second pass
 #pragma omp simd
           for (int64_t t = 0; t < n; ++t) {
-            const T g = zr[t] / (T(1) + exp_neg(zr[t]));
+            const T g = silu(zr[t]);
             const T h0 = y0[t] * g, h1 = y1[t] * g;
             ss0[t] += h0 * h0;
             ss1[t] += h1 * h1;
@@ -314,8 +324,7 @@ void merge_backward_kernel(const T* dm, const T* y, const T* z, const T* w, T* d
             dy0[t] = dh0 * gate;
             dy1[t] = dh1 * gate;
             const T dgate = dh0 * y0[t] + dh1 * y1[t];
-            // silu'(z) = s (1 + z (1 - s)) with 1 - s = e s
-            dzr[t] = dgate * s * (T(1) + zr[t] * e * s);
+            dzr[t] = dgate * silu_grad(zr[t], e, s);
           }
           dw[(b * 2) * d + c] += T(0.5) * a0;
           dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
