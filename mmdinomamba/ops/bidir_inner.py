@@ -21,7 +21,6 @@ from torch import Tensor
 from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
 from .ssd_quadratic import ScanState, scan_backward, scan_forward
-from .variants import current_variant
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
@@ -136,7 +135,7 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     dt = softplus(_dt(proj, dt_bias, dims, ct))
-    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
+    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native)
     z = _channel_major(proj[..., :dims.d_inner], ct)
     out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
     merge_forward(y.flatten(2, 3), z, norm_weight, dims, out.transpose(1, 2), native)
@@ -170,12 +169,9 @@ def _conv_backward(dact: Tensor, xp: Tensor, pre: Tensor | None, conv_weight: Te
 
 
 def _use_native(proj: Tensor, dims: InnerDims) -> bool:
-    """Whether this call runs the conv and the merge in the native CPU kernels
-    (:mod:`.native_cpu`); not while ``torch.compile`` traces it (the compiler cannot see into
-    them: it traces the PyTorch ops instead)."""
-    return (proj.device.type == 'cpu' and 2 <= dims.kernel <= 4
-            and current_variant().native_cpu and not torch.compiler.is_compiling()
-            and native_cpu.available())
+    """Whether this call runs the conv, the merge and the scan's strongly decaying heads in the
+    native CPU kernels (:func:`.native_cpu.use_for`)."""
+    return 2 <= dims.kernel <= 4 and native_cpu.use_for(proj)
 
 
 def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: InnerDims,
@@ -192,7 +188,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     z = _channel_major(proj[..., :d], ct)
     dy, dz, dnorm = merge_backward(_channel_major(dout, ct), y, z, norm_weight, dims, native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
-                                            A.to(ct), Bm, Cm, st, True)
+                                            A.to(ct), Bm, Cm, st, True, native)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
     dx, dweight, dbias = _conv_backward(dact, xp, pre, conv_weight, conv_bias)
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)

@@ -4,14 +4,18 @@ Both directions' depthwise conv + SiLU, and the gated RMSNorms of both direction
 average, forward and backward, are element-wise work that the PyTorch compositions
 (:mod:`.shift_conv`, :func:`~mmdinomamba.ops.bidir_inner.merge_forward`) do in one pass over
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
-over cache-sized tiles. They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both
-part of the set-up) for the machine they run on (``-march=native``; the build is keyed by the
-CPU's instruction-set flags, so a shared cache never hands one CPU another's binary, and by the
-source's path and contents) and kept in
-PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
-a first build takes about half a minute, later processes load it in well under a second.
-``-ffast-math`` is a compile flag only: the library is linked without it, so loading it does
-not switch the process to flushing subnormal floats to zero (tested).
+over cache-sized tiles. So do the kernels for the SSD scan in its quadratic form
+(:mod:`.ssd_quadratic`): the strongly decaying heads' (L, L) weights, built on the triangle
+only, and their gradients (:mod:`.ssd_quadratic_heads`), and the element-wise work before and
+after the backward pass's (L, L) products, one pass each instead of one per operation.
+They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
+for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
+flags, so a shared cache never hands one CPU another's binary, and by the source's path and
+contents) and kept in PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``); a first build takes about half a minute, later processes load
+it in well under a second. ``-ffast-math`` is a compile flag only: the library is linked
+without it, so loading it does not switch the process to flushing subnormal floats to zero
+(tested).
 
 The PyTorch composition stays the specification: the tests compare both, and everything falls
 back to it when the kernels cannot be built (a warning says why, once) or when
@@ -30,8 +34,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'load_error', 'conv_silu_forward',
-           'conv_silu_backward', 'merge_forward', 'merge_backward']
+__all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
+           'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
+           'wide_weights', 'wide_grads', 'scan_grad_prologue', 'scan_grad_epilogue']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -112,6 +117,16 @@ def available() -> bool:
     return load() is not None
 
 
+def use_for(t: Tensor) -> bool:
+    """Whether a call on ``t`` runs the native kernels: a CPU tensor, the variant's
+    ``native_cpu`` switch on (:func:`~mmdinomamba.ops.fast_path_variant`), not while
+    ``torch.compile`` traces it (the compiler cannot see into them: it traces the PyTorch ops
+    instead), and the kernels built."""
+    from .variants import current_variant
+    return (t.device.type == 'cpu' and current_variant().native_cpu
+            and not torch.compiler.is_compiling() and available())
+
+
 def load_error() -> str | None:
     """Why the last build failed (None if it did not fail or was not tried)."""
     return _state.get('error')
@@ -147,3 +162,42 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int
     (b, d, L) and ``dweight`` (2, d)."""
     dy, dz, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps)
     return dy, dz, dweight
+
+
+def wide_weights(hi: Tensor, cb: Tensor, index: Tensor, direction: int,
+                 transpose: bool) -> Tensor:
+    """The weights ``W_ij = exp(clamp(hi_i - hi_j, -60, 0)) cb_ij`` (N, L, L) of N strongly
+    decaying heads of the SSD scan (:mod:`.ssd_quadratic_heads`) on the ``direction``'s strict
+    triangle (0: lower, 1: upper), zero elsewhere, or their transposes: ``hi`` (N, L) the heads'
+    cumulative decay, ``cb`` (M, L, L) the group matrices, ``index`` (N,) sorted int64, head
+    ``n``'s matrix ``cb[index[n]]``."""
+    return _module().wide_weights(hi, cb, index, direction, transpose)
+
+
+def wide_grads(dW: Tensor, hi: Tensor, t: Tensor, cb: Tensor, index: Tensor, direction: int,
+               dcb: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of :func:`wide_weights` for ``dW`` (N, L, L): adds ``E * dW`` (``E`` the decay
+    factors, on the triangle) to ``dcb[index[n]]`` in place and returns, with ``G = dW * W``,
+    ``dS`` (N, L) = row sums minus column sums of ``G`` and ``sum_ij G_ij (t_i - t_j)`` (N,)
+    in float64 (``t`` (N, L) like ``hi``)."""
+    dS, pairs = _module().wide_grads(dW, hi, t, cb, index, direction, dcb)
+    return dS, pairs
+
+
+def scan_grad_prologue(x: Tensor, dy: Tensor, dt: Tensor, col: Tensor,
+                       row: Tensor) -> tuple[Tensor, Tensor]:
+    """The SSD scan backward's scanned values ``xs = x dt col`` and scaled output gradient
+    ``dys = dy row`` (:func:`~mmdinomamba.ops.ssd_quadratic.scan_backward`): ``x``, ``dy``
+    (b, R, h, p, L) with contiguous (p, L) rows, ``dt``, ``col``, ``row`` (b, R, h, L)."""
+    xs, dys = _module().scan_grad_prologue(x, dy, dt, col, row)
+    return xs, dys
+
+
+def scan_grad_epilogue(dxs: Tensor, x: Tensor, dys: Tensor, ys: Tensor, dy: Tensor, dt: Tensor,
+                       col: Tensor, diag: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """After the scan backward's (L, L) products: with ``a = sum_p dxs x``, ``s = sum_p dys ys``
+    and ``q = sum_p dy x`` per token, returns ``dx = dxs dt col + dy diag`` (written over
+    ``dxs``), ``a col``, ``dS = s - a dt col`` and ``q`` (shapes as in
+    :func:`scan_grad_prologue`)."""
+    dx, ddt, dS, q = _module().scan_grad_epilogue(dxs, x, dys, ys, dy, dt, col, diag)
+    return dx, ddt, dS, q

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import native_cpu
 from . import ssd_quadratic_heads as heads
 from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
@@ -102,10 +103,12 @@ def _grouped(t: Tensor, groups: int) -> Tensor:
     return t.flatten(2, 3).unflatten(2, (groups, -1))
 
 
-def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                 D: Tensor | None) -> tuple[Tensor, ScanState]:
+def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+                 native: bool = False) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
-    state for :func:`scan_backward`."""
+    state for :func:`scan_backward`; ``native``: the strongly decaying heads' element-wise work
+    in the native CPU kernels (:mod:`.native_cpu`), and in :func:`scan_backward` also the
+    element-wise work around the (L, L) products."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A)
     cb, cb_diag = _group_products(B, C)
@@ -116,34 +119,44 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     if D is not None:
         diag.add_(D[..., None])
     y.addcmul_(x, diag.unsqueeze(-2))
-    y_wide = heads.add_forward(y, x, dt, S, cb, wide) if wide.any() else None
+    y_wide = heads.add_forward(y, x, dt, S, cb, wide, native) if wide.any() else None
     return y, ScanState(S, row, col, wide, cb, cb_diag, diag, ys, y_wide)
 
 
 def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                  st: ScanState, with_D: bool) -> tuple[Tensor, ...]:
-    """Gradients of :func:`scan_forward` for the output gradient ``dy`` (b, R, h, p, L).
+                  st: ScanState, with_D: bool, native: bool = False) -> tuple[Tensor, ...]:
+    """Gradients of :func:`scan_forward` for the output gradient ``dy`` (b, R, h, p, L)
+    (``native`` as there).
 
     Returns:
         tuple: ``dx`` (like x), ``ddt`` (like dt), ``dA`` (R, h), ``dB``, ``dC`` (like B) and
         ``dD`` (R, h) or None.
     """
     g = B.shape[2]
-    xs = st.scanned(x, dt)
-    dys = _grouped(dy * st.row.unsqueeze(-2), g)
+    if native:
+        x, dy = _rows(x), _rows(dy)
+        xs, dys = native_cpu.scan_grad_prologue(x, dy, dt, st.col, st.row)
+        xs, dys = _grouped(xs, g), _grouped(dys, g)
+    else:
+        xs, dys = st.scanned(x, dt), _grouped(dy * st.row.unsqueeze(-2), g)
     dxs = apply_masked_t(dys, st.cb).view(x.shape)
     dcb = masked_outer(dys, xs)
-    scratch = torch.empty_like(dy)
-    dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
-    # S_i enters y_i through row_i (+) and x_i through col_i (-)
-    dS = _dot(dys.view(x.shape), st.ys.view(x.shape), scratch).sub_(dxs_x * dt * st.col)
-    q = _dot(dy, x, scratch)  # (b, R, h, L) through the diagonal scale
-    dx = dxs.mul_((dt * st.col).unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
-    ddt = dxs_x.mul_(st.col)
+    if native:
+        dx, ddt, dS, q = native_cpu.scan_grad_epilogue(
+            dxs, x, dys.view(x.shape), st.ys.view(x.shape), dy, dt, st.col, st.diag)
+    else:
+        scratch = torch.empty_like(dy)
+        dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
+        # S_i enters y_i through row_i (+) and x_i through col_i (-)
+        dS = _dot(dys.view(x.shape), st.ys.view(x.shape), scratch).sub_(dxs_x * dt * st.col)
+        q = _dot(dy, x, scratch)  # (b, R, h, L) through the diagonal scale
+        dx = dxs.mul_((dt * st.col).unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+        ddt = dxs_x.mul_(st.col)
     ddt += (q.unflatten(2, (g, -1)) * st.cb_diag.unsqueeze(3)).flatten(2, 3)
     dA_wide = None
     if st.wide.any():
-        dA_wide = heads.add_backward(dy, x, dt, st.S, st.cb, st.wide, dx, ddt, dS, dcb)
+        dA_wide = heads.add_backward(dy, x, dt, st.S, st.cb, st.wide, dx, ddt, dS, dcb,
+                                     native)
     dcb_diag = (q * dt).unflatten(2, (g, -1)).sum(3)
     dB = torch.matmul(C, dcb).addcmul_(C, dcb_diag.unsqueeze(-2))
     dC = torch.matmul(B, transposed(dcb)).addcmul_(B, dcb_diag.unsqueeze(-2))
@@ -154,6 +167,14 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         dA += dA_wide
     dD = q.sum((0, 3)) if with_D else None
     return dx, ddt, dA.to(A.dtype), dB, dC, dD
+
+
+def _rows(t: Tensor) -> Tensor:
+    """``t`` (b, R, h, p, L), or a copy where its (p, L) rows are not contiguous (the layout
+    of the native kernels)."""
+    p, length = t.shape[-2:]
+    rows = ((t.stride(-1) == 1 or length == 1) and (t.stride(-2) == length or p == 1))
+    return t if rows else t.clone(memory_format=torch.contiguous_format)
 
 
 def _dot(a: Tensor, b: Tensor, scratch: Tensor) -> Tensor:
@@ -193,7 +214,8 @@ class _QuadraticSSD(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D):
-        y = scan_forward(*_channel_major(x, dt, A, B, C, D))[0]
+        ctx.native = native_cpu.use_for(x)
+        y = scan_forward(*_channel_major(x, dt, A, B, C, D), ctx.native)[0]
         ctx.save_for_backward(x, dt, A, B, C, D)
         return _token_major(y)
 
@@ -202,9 +224,10 @@ class _QuadraticSSD(torch.autograd.Function):
     def backward(ctx, dy):
         x, dt, A, B, C, D = ctx.saved_tensors
         xc, dtc, Ac, Bc, Cc, Dc = _channel_major(x, dt, A, B, C, D)
-        st = scan_forward(xc, dtc, Ac, Bc, Cc, Dc)[1]
+        st = scan_forward(xc, dtc, Ac, Bc, Cc, Dc, ctx.native)[1]
         dyc = dy.permute(0, 2, 3, 1).unsqueeze(1)
-        dx, ddt, dA, dB, dC, dD = scan_backward(dyc, xc, dtc, Ac, Bc, Cc, st, D is not None)
+        dx, ddt, dA, dB, dC, dD = scan_backward(dyc, xc, dtc, Ac, Bc, Cc, st, D is not None,
+                                                ctx.native)
         return (_token_major(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _token_major(dB),
                 _token_major(dC), None if dD is None else dD[0])
 

@@ -19,6 +19,7 @@ mask, and adds the wide heads' share in place.
 import torch
 from torch import Tensor
 
+from . import native_cpu
 from .ssd_chunked_blocks import exp_decay
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
@@ -54,28 +55,65 @@ def _subsets(wide: Tensor, groups: int):
             yield r, b_idx, h_idx, h_idx // (heads // groups)
 
 
-def _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx) -> dict:
-    """The subset's scanned values ``xs`` (N, p, L), row scales ``el`` (N, L) or None, decay
-    ``E`` and weights ``W`` (N, L, L)."""
-    hi, lo = _split(S[b_idx, r, h_idx], x.dtype)
+def _heads(t: Tensor, r: int, b_idx: Tensor, h_idx: Tensor) -> Tensor:
+    """Indices of the subset's heads in ``t`` (b, R, h, ...) viewed as (-1, ...)."""
+    return (b_idx * t.shape[1] + r) * t.shape[2] + h_idx
+
+
+def _take(t: Tensor, r: int, b_idx: Tensor, h_idx: Tensor) -> Tensor:
+    """``t[b_idx, r, h_idx]`` of ``t`` (b, R, h, ...) (an ``index_select`` of the flattened
+    tensor when it is contiguous: CPU advanced indexing is several times slower)."""
+    if not t.is_contiguous():
+        return t[b_idx, r, h_idx]
+    return t.view(-1, *t.shape[3:]).index_select(0, _heads(t, r, b_idx, h_idx))
+
+
+def _add_at(t: Tensor, r: int, b_idx: Tensor, h_idx: Tensor, v: Tensor) -> None:
+    """``t[b_idx, r, h_idx] += v`` in place (an ``index_add_`` when ``t`` is contiguous)."""
+    if t.is_contiguous():
+        t.view(-1, *t.shape[3:]).index_add_(0, _heads(t, r, b_idx, h_idx), v)
+    else:
+        t[b_idx, r, h_idx] += v
+
+
+def _matrices(x, dt, S, r, b_idx, h_idx) -> dict:
+    """The subset's scanned values ``xs`` (N, p, L), row scales ``el`` (N, L) or None and
+    cumulative decay ``hi`` (N, L)."""
+    hi, lo = _split(_take(S, r, b_idx, h_idx), x.dtype)
     el = None if lo is None else lo.exp()
-    dts = dt[b_idx, r, h_idx]
-    xs = x[b_idx, r, h_idx] * (dts if el is None else dts / el).unsqueeze(-2)
-    E = exp_decay(hi[..., :, None] - hi[..., None, :])
-    return dict(xs=xs, el=el, E=E, W=E * cb[b_idx, r, g_idx])
+    dts = _take(dt, r, b_idx, h_idx)
+    xs = _take(x, r, b_idx, h_idx).mul_((dts if el is None else dts / el).unsqueeze(-2))
+    return dict(xs=xs, el=el, hi=hi)
+
+
+def _decay(hi: Tensor) -> Tensor:
+    """``E = exp(clamp(hi_i - hi_j, -60, 0))`` (N, L, L)."""
+    return exp_decay(hi[..., :, None] - hi[..., None, :])
+
+
+def _flat(cb: Tensor, r: int, b_idx: Tensor, g_idx: Tensor) -> Tensor:
+    """Indices of the subset's group matrices in ``cb`` (b, R, g, L, L) viewed as (-1, L, L)
+    (sorted: heads come in the order of ``nonzero``)."""
+    return (b_idx * cb.shape[1] + r) * cb.shape[2] + g_idx
 
 
 def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
-                wide: Tensor) -> Tensor:
+                wide: Tensor, native: bool = False) -> Tensor:
     """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
-    added parts (N, p, L) in the order of :func:`add_saved` (N wide heads)."""
+    added parts (N, p, L) in the order of :func:`add_saved` (N wide heads). ``native``: the
+    weights from the native CPU kernel (:mod:`.native_cpu`)."""
     parts = []
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
-        m = _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx)
-        ys = torch.matmul(m['xs'], m['W'].transpose(-1, -2).contiguous())
+        m = _matrices(x, dt, S, r, b_idx, h_idx)
+        if native:
+            wt = native_cpu.wide_weights(m['hi'], cb.view(-1, *cb.shape[-2:]),
+                                         _flat(cb, r, b_idx, g_idx), r, transpose=True)
+        else:
+            wt = (_decay(m['hi']) * cb[b_idx, r, g_idx]).transpose(-1, -2).contiguous()
+        ys = torch.matmul(m['xs'], wt)
         if m['el'] is not None:
             ys.mul_(m['el'].unsqueeze(-2))
-        y[b_idx, r, h_idx] += ys
+        _add_at(y, r, b_idx, h_idx, ys)
         parts.append(ys)
     return torch.cat(parts)
 
@@ -85,39 +123,52 @@ def add_saved(y: Tensor, parts: Tensor, wide: Tensor) -> None:
     start = 0
     for r in range(wide.shape[1]):
         b_idx, h_idx = wide[:, r].nonzero(as_tuple=True)
-        y[b_idx, r, h_idx] += parts[start:start + b_idx.numel()]
+        _add_at(y, r, b_idx, h_idx, parts[start:start + b_idx.numel()])
         start += b_idx.numel()
 
 
 def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
-                 dx: Tensor, ddt: Tensor, dS: Tensor, dcb: Tensor) -> Tensor:
+                 dx: Tensor, ddt: Tensor, dS: Tensor, dcb: Tensor,
+                 native: bool = False) -> Tensor:
     """Adds the wide heads' gradients to ``dx``, ``ddt`` (their direct ``dt`` factor), ``dS``
-    and ``dcb`` in place; returns their ``dA`` (R, h) in float64 (zero for other heads)."""
+    and ``dcb`` in place; returns their ``dA`` (R, h) in float64 (zero for other heads).
+    ``native``: the element-wise (L, L) work in the native CPU kernels (:mod:`.native_cpu`)."""
     dA = torch.zeros(wide.shape[1:], dtype=torch.float64, device=dy.device)
     T = cumulative(dt)
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
-        m = _matrices(x, dt, S, cb, r, b_idx, h_idx, g_idx)
-        el, dts = m['el'], dt[b_idx, r, h_idx]
-        dys = dy[b_idx, r, h_idx]
-        dys = dys if el is None else dys * el.unsqueeze(-2)
-        dxs = torch.matmul(dys, m['W'])
+        m = _matrices(x, dt, S, r, b_idx, h_idx)
+        el, dts = m['el'], _take(dt, r, b_idx, h_idx)
+        flat = _flat(cb, r, b_idx, g_idx)
+        if native:
+            W = native_cpu.wide_weights(m['hi'], cb.view(-1, *cb.shape[-2:]), flat, r,
+                                        transpose=False)
+        else:
+            E = _decay(m['hi'])
+            W = E * cb[b_idx, r, g_idx]
+        dys = _take(dy, r, b_idx, h_idx)
+        dys = dys if el is None else dys.mul_(el.unsqueeze(-2))
+        dxs = torch.matmul(dys, W)
         scale = dts if el is None else dts / el
-        dx[b_idx, r, h_idx] += dxs * scale.unsqueeze(-2)
-        ddt_direct = (dxs * x[b_idx, r, h_idx]).sum(-2)
-        ddt[b_idx, r, h_idx] += ddt_direct if el is None else ddt_direct / el
+        _add_at(dx, r, b_idx, h_idx, dxs * scale.unsqueeze(-2))
+        ddt_direct = (dxs.mul_(_take(x, r, b_idx, h_idx))).sum(-2)
+        _add_at(ddt, r, b_idx, h_idx, ddt_direct if el is None else ddt_direct / el)
         dW = torch.matmul(dys.transpose(-1, -2), m['xs'])
-        # heads of one group and sample add to the same dcb matrix: index_add_ over the
-        # flattened (b, R, g) matrices (a CPU index_put_ with accumulate=True is several
-        # times slower)
-        flat = (b_idx * dcb.shape[1] + r) * dcb.shape[2] + g_idx
-        dcb.view(-1, *dcb.shape[-2:]).index_add_(0, flat, _mask(m['E'].mul_(dW), r))
-        G = dW.mul_(m['W'])
-        dS_sub = G.sum(-1).sub_(G.sum(-2))
-        dS[b_idx, r, h_idx] += dS_sub
-        t_hi, t_lo = _split(T[b_idx, r, h_idx], x.dtype)
-        # sum_ij G_ij (T_i - T_j) pair by pair (an einsum here runs as a batch of
-        # (1 x L^2) @ (L^2 x 1) products, 10x slower on CPU)
-        pairs = (t_hi[:, :, None] - t_hi[:, None, :]).mul_(G).sum((-2, -1)).double()
+        t_hi, t_lo = _split(_take(T, r, b_idx, h_idx), x.dtype)
+        if native:
+            dS_sub, pairs = native_cpu.wide_grads(dW, m['hi'], t_hi,
+                                                  cb.view(-1, *cb.shape[-2:]), flat, r,
+                                                  dcb.view(-1, *dcb.shape[-2:]))
+        else:
+            # heads of one group and sample add to the same dcb matrix: index_add_ over the
+            # flattened (b, R, g) matrices (a CPU index_put_ with accumulate=True is several
+            # times slower)
+            dcb.view(-1, *dcb.shape[-2:]).index_add_(0, flat, _mask(E.mul_(dW), r))
+            G = dW.mul_(W)
+            dS_sub = G.sum(-1).sub_(G.sum(-2))
+            # sum_ij G_ij (T_i - T_j) pair by pair (an einsum here runs as a batch of
+            # (1 x L^2) @ (L^2 x 1) products, 10x slower on CPU)
+            pairs = (t_hi[:, :, None] - t_hi[:, None, :]).mul_(G).sum((-2, -1)).double()
+        _add_at(dS, r, b_idx, h_idx, dS_sub)
         if t_lo is not None:
             pairs += (t_lo * dS_sub).sum(-1).double()
         dA[r].index_add_(0, h_idx, pairs)

@@ -1,5 +1,8 @@
 """The CPU fast path of BiSSD (conv + quadratic scan + merge as one autograd function) == the
 specification (flip / cat / conv, one SSD scan, two gated RMSNorms), outputs and gradients."""
+import copy
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,18 +47,23 @@ def test_fast_path_equals_specification_float64(kw, monkeypatch):
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])
 def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale):
     m = _mixer(dt_scale=dt_scale)
-    x = torch.randn(3, 65, 32, dtype=torch.float64)
-    want = _run(m, x, False)
-    m32 = m.float()
-    for fast_path in (True, False):
-        got = _run(m32, x.float(), fast_path)
-        errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
-        if fast_path:
-            fast_errs = errs
+    m32 = copy.deepcopy(m).float()
+    worst = {True: [], False: []}  # per input: the largest relative error of any result
+    for seed in range(6):
+        x = torch.randn(3, 65, 32, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(seed))
+        want = _run(m, x, False)
+        for fast_path in (True, False):
+            got = _run(m32, x.float(), fast_path)
+            worst[fast_path].append(max(((a.double() - b).norm() / b.norm()).item()
+                                        for a, b in zip(got, want)))
     # float32 rounding of gradients summed over the sequence (A_log, dt_bias) reaches ~1e-5 on
-    # both paths: the fast path may not be worse than the specification
-    assert max(fast_errs) <= 3e-5, fast_errs
-    assert max(fast_errs) <= 2 * max(errs) + 1e-6, (fast_errs, errs)
+    # both paths, and one input's error varies up to 4x between paths that are equally exact
+    # (other rounding orders): the fast path may not be worse than the specification over
+    # several inputs
+    assert max(worst[True]) <= 3e-5, worst
+    gmean = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in worst.items()}
+    assert gmean[True] <= 2 * gmean[False], (gmean, worst)
 
 
 def test_bf16_autocast_and_dtypes():

@@ -1,6 +1,7 @@
 """The native CPU kernels (conv + SiLU, gated merge) == the PyTorch compositions they replace
 (forward and backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
 they cannot be built or are switched off."""
+import math
 import warnings
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import InnerDims, bidir_inner, fast_path_variant, native_cpu
+from mmdinomamba.ops import (InnerDims, bidir_inner, fast_path_variant, native_cpu,
+                             ssd_quadratic_heads)
 from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
                                         pad_channel_major)
 
@@ -104,6 +106,73 @@ def test_merge_bad_input_is_named():
         native_cpu.merge_backward(torch.randn(2, 8, 4), y, z, w, 1, 1e-5)
 
 
+def _wide_inputs(dtype, heads=5, length=37, mats=4, seed=0):
+    """Decay of ``heads`` strongly decaying heads (some exponents below the -60 floor), their
+    sorted matrix indices (heads 0-1 and 3-4 share one) and the group matrices."""
+    gen = torch.Generator().manual_seed(seed)
+    hi = -(torch.rand(heads, length, generator=gen, dtype=dtype) * 4).cumsum(-1)
+    index = torch.tensor([0, 0, 1, 3, 3])[:heads]
+    cb = torch.randn(mats, length, length, generator=gen, dtype=dtype)
+    return hi, index, cb
+
+
+def _wide_composition(hi, index, cb, direction):
+    E = ssd_quadratic_heads._decay(hi)
+    mask = torch.ones_like(E[0], dtype=torch.bool)
+    mask = mask.tril(-1) if direction == 0 else mask.triu(1)
+    return E * mask, E * cb[index] * mask
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('direction', [0, 1])
+def test_wide_heads_equal_the_composition(dtype, tol, direction):
+    hi, index, cb = _wide_inputs(dtype)
+    E, W = _wide_composition(hi, index, cb, direction)
+    assert (hi[:, -1] - hi[:, 0]).abs().min() > 60  # factors at the floor are covered
+    torch.testing.assert_close(native_cpu.wide_weights(hi, cb, index, direction, False), W,
+                               rtol=tol, atol=tol)
+    torch.testing.assert_close(native_cpu.wide_weights(hi, cb, index, direction, True),
+                               W.transpose(-1, -2), rtol=tol, atol=tol)
+    gen = torch.Generator().manual_seed(1)
+    dW = torch.randn(W.shape, generator=gen, dtype=dtype)
+    t = torch.rand(hi.shape, generator=gen, dtype=dtype).cumsum(-1)
+    dcb = torch.randn(cb.shape, generator=gen, dtype=dtype)
+    want_dcb = dcb.index_add(0, index, E * dW)  # heads sharing a matrix add to it
+    G = dW * W
+    want_dS = G.sum(-1) - G.sum(-2)
+    want_pairs = ((t[:, :, None] - t[:, None, :]) * G).sum((-2, -1)).double()
+    dS, pairs = native_cpu.wide_grads(dW, hi, t, cb, index, direction, dcb)
+    torch.testing.assert_close(dcb, want_dcb, rtol=tol, atol=tol)
+    torch.testing.assert_close(dS, want_dS, rtol=tol, atol=tol * want_dS.abs().max().item())
+    assert pairs.dtype == torch.float64
+    torch.testing.assert_close(pairs, want_pairs, rtol=tol, atol=tol * want_pairs.abs().max())
+
+
+def test_wide_heads_bad_input_is_named():
+    hi, index, cb = _wide_inputs(torch.float32)
+    with pytest.raises(RuntimeError, match='index must be sorted and within \\[0, 4\\)'):
+        native_cpu.wide_weights(hi, cb, index.flip(0), 0, False)
+    with pytest.raises(RuntimeError, match='index must be sorted and within \\[0, 4\\)'):
+        native_cpu.wide_weights(hi, cb, index + 1, 0, False)
+    with pytest.raises(RuntimeError, match='cb must be a contiguous \\(M, L, L\\)'):
+        native_cpu.wide_weights(hi, cb[:, :5], index, 0, False)
+    with pytest.raises(RuntimeError, match='direction must be 0 or 1, got 2'):
+        native_cpu.wide_weights(hi, cb, index, 2, False)
+    with pytest.raises(RuntimeError, match='dW must be a contiguous \\(N, L, L\\)'):
+        native_cpu.wide_grads(cb[:2], hi, hi, cb, index, 0, cb.clone())
+
+
+def test_scan_grad_bad_input_is_named():
+    x = torch.randn(2, 2, 3, 4, 9)
+    tok = torch.rand(2, 2, 3, 9)
+    with pytest.raises(RuntimeError, match='dy must be a \\(b, R, h, p, L\\) tensor shaped'):
+        native_cpu.scan_grad_prologue(x, x.transpose(-1, -2), tok, tok, tok)
+    with pytest.raises(RuntimeError, match='col must be \\(b, R, h, L\\)'):
+        native_cpu.scan_grad_prologue(x, x, tok, tok[..., :5], tok)
+    with pytest.raises(RuntimeError, match='diag must be contiguous and of x\'s dtype'):
+        native_cpu.scan_grad_epilogue(x.clone(), x, x, x, x, tok, tok, tok.double())
+
+
 def _grads(m, x):
     m.zero_grad()
     x = x.detach().requires_grad_()
@@ -130,6 +199,31 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
     assert calls == []
     for a, b in zip(native, ops):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    with torch.no_grad():  # dt about softplus(0), A = -300: too wide to factor
+        m.dt_bias.zero_()
+        m.dt_b_bias.zero_()
+        m.A_log.fill_(math.log(300.))
+        m.A_log_b[:2].fill_(math.log(300.))
+    x = torch.randn(2, 23, 32, dtype=torch.float64)
+    calls = []
+    for name in ('wide_weights', 'wide_grads'):
+        fn = getattr(native_cpu, name)
+        monkeypatch.setattr(native_cpu, name,
+                            lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    native = _grads(m, x)
+    # forward: weights per direction; backward: per direction the weights again and their
+    # gradients
+    assert calls == ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2
+    calls.clear()
+    with fast_path_variant(native_cpu=False):
+        ops = _grads(m, x)
+    assert calls == []
+    for a, b in zip(native, ops):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_torch_compile_traces_the_pytorch_ops(monkeypatch):

@@ -56,10 +56,11 @@ def test_factored_and_per_head_heads_in_one_batch_float64():
 
 @pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
 @pytest.mark.parametrize('length,groups', [(33, 1), (130, 2), (200, 1)])  # 1, 2, 3 blocks
-def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups):
+@pytest.mark.parametrize('native', [False, True])
+def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups, native):
     """Direction 1 of the channel-major layout is the scan of the reversed sequence, read back in
     the original order; both directions in one call (float64), with the triangular products in
-    one block or cut into blocks."""
+    one block or cut into blocks; per-head heads by PyTorch ops or the native CPU kernels."""
     assert len(block_bounds(length)) - 1 == {33: 1, 130: 2, 200: 3}[length]
     fwd, bwd = gentle_inputs(length, groups, dtype=torch.float64, seed=5), gentle_inputs(
         length, groups, dtype=torch.float64, seed=6)
@@ -72,7 +73,7 @@ def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups):
     both = [torch.stack(pair, 1 if pair[0].dim() > 1 else 0)
             for pair in zip(channel_major(*fwd), channel_major(*bwd))]
     both = [t.contiguous().requires_grad_() for t in both]
-    y, st = scan_forward(*both)
+    y, st = scan_forward(*both, native=native)
     ref_f = ssd_scan_ref(*fwd)
     ref_b = ssd_scan_ref(*[t.flip(1) if t.dim() > 1 else t for t in bwd]).flip(1)
     torch.testing.assert_close(y[:, 0].permute(0, 3, 1, 2), ref_f, rtol=1e-10, atol=1e-10)
@@ -80,7 +81,8 @@ def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups):
     # the hand-written backward against autograd through the reference
     dy = torch.randn_like(y)
     with torch.no_grad():  # as in an autograd backward pass
-        grads = scan_backward(dy, both[0], both[1], both[2], both[3], both[4], st, True)
+        grads = scan_backward(dy, both[0], both[1], both[2], both[3], both[4], st, True,
+                              native)
     leaves = [t.detach().requires_grad_() for t in both]
     refs = []
     for r, src in ((0, fwd), (1, bwd)):

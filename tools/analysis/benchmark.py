@@ -142,7 +142,10 @@ def _current_rss_kib() -> float:
 
 def _setup(name: str, res: int, mode: str, batch: int, device: str, compile_model: bool,
            options: dict | None):
-    """Model (in the mode's train/eval state), optimizer (train mode only) and input."""
+    """Model (in the mode's train/eval state), optimizer (train mode only) and input, the same
+    in every run (seeded: the work of the quadratic scan depends on the weights, through how
+    many heads decay too strongly to factor)."""
+    torch.manual_seed(0)
     model = _build(name, device, options)
     model.train(mode != 'fwd')
     if compile_model:  # torch.compile the glue around the kernels
@@ -284,9 +287,9 @@ def breakdown(args) -> str:
     heads = importlib.import_module('mmdinomamba.ops.ssd_quadratic_heads')
     decays = []  # (S, wide) of every forward call on the strongly decaying heads
 
-    def add_forward(y, x, dt, S, cb, wide, _fn=heads.add_forward):
+    def add_forward(y, x, dt, S, cb, wide, *rest, _fn=heads.add_forward):
         decays.append((S, wide.clone()))
-        return _fn(y, x, dt, S, cb, wide)
+        return _fn(y, x, dt, S, cb, wide, *rest)
 
     originals.append((heads, 'add_forward', heads.add_forward))
     heads.add_forward = add_forward

@@ -1,7 +1,10 @@
 // Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu):
 // both directions' depthwise conv + SiLU, and the gated merge (both directions' gated RMSNorms
-// and their average), forward and backward. The PyTorch compositions they replace
-// (shift_conv.py, bidir_inner.merge_forward / merge_backward) are the specification.
+// and their average), forward and backward; in the SSD scan's quadratic form, the strongly
+// decaying heads' (L, L) weights and their gradients, and the element-wise work around the
+// backward pass's (L, L) products. The PyTorch compositions they replace (shift_conv.py,
+// bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py, ssd_quadratic.py) are the
+// specification.
 //
 // Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
 // filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
@@ -383,6 +386,288 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
   return {dy, dz, dw.sum(0)};
 }
 
+// ---- the SSD scan's strongly decaying heads (ssd_quadratic_heads.py) ----
+// Head n's weights W_ij = exp(clamp(hi_i - hi_j, -60, 0)) cb_ij on the strict lower (direction
+// 0) or strict upper (direction 1) triangle, zero elsewhere, with cb = cbs[index[n]] its
+// sample's and group's (L, L) matrix: the exponentials are computed on the triangle only and
+// nothing (L, L) is kept besides the output.
+
+template <typename T>
+inline T decay(T d) {
+  return std::exp(std::min(std::max(d, T(-60)), T(0)));
+}
+
+// The columns j of row i inside direction dir's strict triangle: [*j0, *j1).
+inline void triangle_row(int64_t dir, int64_t i, int64_t length, int64_t* j0, int64_t* j1) {
+  *j0 = dir == 0 ? 0 : i + 1;
+  *j1 = dir == 0 ? i : length;
+}
+
+template <typename T>
+void wide_weights_kernel(const T* hi, const T* cbs, const int64_t* index, T* out, int64_t heads,
+                         int64_t length, int64_t dir, bool transpose) {
+  const int64_t area = length * length;
+  at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* h = hi + n * length;
+      const T* cb = cbs + index[n] * area;
+      T* w = out + n * area;
+      std::fill(w, w + area, T(0));
+      for (int64_t i = 0; i < length; ++i) {
+        int64_t j0, j1;
+        // transposed: row i of the output is column i of W (its triangle is the other one)
+        triangle_row(transpose ? 1 - dir : dir, i, length, &j0, &j1);
+        T* wr = w + i * length;
+        const T hi_i = h[i];
+        if (transpose) {
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) wr[j] = decay(h[j] - hi_i) * cb[j * length + i];
+        } else {
+          const T* cr = cb + i * length;
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) wr[j] = decay(hi_i - h[j]) * cr[j];
+        }
+      }
+    }
+  });
+}
+
+// Head n's gradients from dW = dL/dW (n's (L, L) slice): adds E * dW (E the decay factors) to
+// dcbs[index[n]] on the triangle, and with G = dW * W writes dS[n, i] = sum_j G_ij - sum_j G_ji
+// and pairs[n] = sum_ij G_ij (t_i - t_j). Heads with one index form a run (index is sorted);
+// runs go to threads whole, so no two threads add to one matrix.
+template <typename T>
+void wide_grads_kernel(const T* dW, const T* hi, const T* t, const T* cbs, const int64_t* index,
+                       T* dcbs, T* dS, double* pairs, int64_t heads, int64_t length,
+                       int64_t dir) {
+  const int64_t area = length * length;
+  std::vector<int64_t> runs;
+  for (int64_t n = 0; n < heads; ++n)
+    if (n == 0 || index[n] != index[n - 1]) runs.push_back(n);
+  runs.push_back(heads);
+  at::parallel_for(0, static_cast<int64_t>(runs.size()) - 1, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> col(length);
+    for (int64_t run = begin; run < end; ++run) {
+      for (int64_t n = runs[run]; n < runs[run + 1]; ++n) {
+        const T* h = hi + n * length;
+        const T* tn = t + n * length;
+        const T* cb = cbs + index[n] * area;
+        T* dcb = dcbs + index[n] * area;
+        T* ds = dS + n * length;
+        std::fill(col.begin(), col.end(), T(0));
+        double pair = 0;
+        for (int64_t i = 0; i < length; ++i) {
+          int64_t j0, j1;
+          triangle_row(dir, i, length, &j0, &j1);
+          const T* g = dW + n * area + i * length;
+          const T* cr = cb + i * length;
+          T* dr = dcb + i * length;
+          T* cl = col.data();
+          const T hi_i = h[i], t_i = tn[i];
+          T row = 0, p = 0;
+#pragma omp simd reduction(+ : row, p)
+          for (int64_t j = j0; j < j1; ++j) {
+            const T edw = decay(hi_i - h[j]) * g[j];
+            dr[j] += edw;
+            const T gij = edw * cr[j];
+            row += gij;
+            cl[j] += gij;
+            p += gij * (t_i - tn[j]);
+          }
+          ds[i] = row;
+          pair += static_cast<double>(p);
+        }
+        for (int64_t j = 0; j < length; ++j) ds[j] -= col[j];
+        pairs[n] = pair;
+      }
+    }
+  });
+}
+
+void check_wide(const at::Tensor& hi, const at::Tensor& cbs, const at::Tensor& index,
+                int64_t dir) {
+  TORCH_CHECK(hi.device().is_cpu() && hi.dim() == 2 && hi.is_contiguous(),
+              "native wide heads: hi must be a contiguous (N, L) CPU tensor");
+  const int64_t heads = hi.size(0), length = hi.size(1);
+  TORCH_CHECK(cbs.dim() == 3 && cbs.size(1) == length && cbs.size(2) == length &&
+                  cbs.is_contiguous() && cbs.scalar_type() == hi.scalar_type(),
+              "native wide heads: cb must be a contiguous (M, L, L) tensor of hi's dtype");
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.dim() == 1 && index.size(0) == heads &&
+                  index.is_contiguous(),
+              "native wide heads: index must be a contiguous (N,) int64 tensor");
+  TORCH_CHECK(dir == 0 || dir == 1, "native wide heads: direction must be 0 or 1, got ", dir);
+  const int64_t* idx = index.data_ptr<int64_t>();
+  for (int64_t n = 0; n < heads; ++n)
+    TORCH_CHECK(idx[n] >= 0 && idx[n] < cbs.size(0) && (n == 0 || idx[n] >= idx[n - 1]),
+                "native wide heads: index must be sorted and within [0, ", cbs.size(0), ")");
+}
+
+at::Tensor wide_weights(const at::Tensor& hi, const at::Tensor& cbs, const at::Tensor& index,
+                        int64_t dir, bool transpose) {
+  check_wide(hi, cbs, index, dir);
+  const int64_t heads = hi.size(0), length = hi.size(1);
+  auto out = at::empty({heads, length, length}, hi.options());
+  AT_DISPATCH_FLOATING_TYPES(hi.scalar_type(), "wide_weights", [&] {
+    wide_weights_kernel<scalar_t>(hi.data_ptr<scalar_t>(), cbs.data_ptr<scalar_t>(),
+                                  index.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), heads,
+                                  length, dir, transpose);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
+                                   const at::Tensor& t, const at::Tensor& cbs,
+                                   const at::Tensor& index, int64_t dir, at::Tensor dcbs) {
+  check_wide(hi, cbs, index, dir);
+  const int64_t heads = hi.size(0), length = hi.size(1);
+  TORCH_CHECK(dW.sizes() == at::IntArrayRef({heads, length, length}) && dW.is_contiguous() &&
+                  dW.scalar_type() == hi.scalar_type(),
+              "native wide heads: dW must be a contiguous (N, L, L) tensor of hi's dtype");
+  TORCH_CHECK(t.sizes() == hi.sizes() && t.is_contiguous() && t.scalar_type() == hi.scalar_type(),
+              "native wide heads: t must be a contiguous (N, L) tensor of hi's dtype");
+  TORCH_CHECK(dcbs.sizes() == cbs.sizes() && dcbs.is_contiguous() &&
+                  dcbs.scalar_type() == hi.scalar_type(),
+              "native wide heads: dcb must be a contiguous tensor shaped like cb");
+  auto dS = at::empty({heads, length}, hi.options());
+  auto pairs = at::empty({heads}, hi.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(hi.scalar_type(), "wide_grads", [&] {
+    wide_grads_kernel<scalar_t>(dW.data_ptr<scalar_t>(), hi.data_ptr<scalar_t>(),
+                                t.data_ptr<scalar_t>(), cbs.data_ptr<scalar_t>(),
+                                index.data_ptr<int64_t>(), dcbs.data_ptr<scalar_t>(),
+                                dS.data_ptr<scalar_t>(), pairs.data_ptr<double>(), heads, length,
+                                dir);
+  });
+  return {dS, pairs};
+}
+
+// ---- the SSD scan's factored heads, backward (ssd_quadratic.scan_backward) ----
+// Per (sample, direction, head) row of p channels x L tokens. Prologue: the scanned values
+// xs = x dt col and dys = dy row. Epilogue, after the (L, L) products gave dxs: the per-token
+// sums over channels a = sum_p dxs x, s = sum_p dys ys, q = sum_p dy x, and
+// dx = dxs dt col + dy diag (written over dxs), dS = s - a dt col, ddt = a col: one pass over
+// the five (p, L) rows instead of one per operation.
+
+// (b, R, h, p, L) tensor with any strides of the first three dims: pointer to row (b, r, h).
+template <typename T>
+inline T* head_row(const at::Tensor& t, T* base, int64_t n, int64_t R, int64_t H) {
+  const int64_t b = n / (R * H), r = (n / H) % R, h = n % H;
+  return base + b * t.stride(0) + r * t.stride(1) + h * t.stride(2);
+}
+
+void check_heads(const at::Tensor& t, const at::Tensor& like, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 5 && t.sizes() == like.sizes() &&
+                  t.scalar_type() == like.scalar_type() &&
+                  (t.stride(4) == 1 || t.size(4) == 1) &&
+                  (t.stride(3) == t.size(4) || t.size(3) == 1),
+              "native scan: ", name, " must be a (b, R, h, p, L) tensor shaped like x, of its "
+              "dtype, with contiguous (p, L) rows");
+}
+
+void check_tokens(const at::Tensor& t, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(t.dim() == 4 && t.size(0) == x.size(0) && t.size(1) == x.size(1) &&
+                  t.size(2) == x.size(2) && t.size(3) == x.size(4),
+              "native scan: ", name, " must be (b, R, h, L)");
+  TORCH_CHECK(t.is_contiguous() && t.scalar_type() == x.scalar_type(), "native scan: ", name,
+              " must be contiguous and of x's dtype");
+}
+
+std::vector<at::Tensor> scan_grad_prologue(const at::Tensor& x, const at::Tensor& dy,
+                                           const at::Tensor& dt, const at::Tensor& col,
+                                           const at::Tensor& row) {
+  check_heads(x, x, "x");
+  check_heads(dy, x, "dy");
+  check_tokens(dt, x, "dt");
+  check_tokens(col, x, "col");
+  check_tokens(row, x, "row");
+  const int64_t B = x.size(0), R = x.size(1), H = x.size(2), P = x.size(3), L = x.size(4);
+  auto xs = at::empty(x.sizes(), x.options());
+  auto dys = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_grad_prologue", [&] {
+    using T = scalar_t;
+    at::parallel_for(0, B * R * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> sc(L);
+      for (int64_t n = begin; n < end; ++n) {
+        const T* xr = head_row(x, x.data_ptr<T>(), n, R, H);
+        const T* gr = head_row(dy, dy.data_ptr<T>(), n, R, H);
+        const T* d = dt.data_ptr<T>() + n * L;
+        const T* c = col.data_ptr<T>() + n * L;
+        const T* w = row.data_ptr<T>() + n * L;
+        T* xo = xs.data_ptr<T>() + n * P * L;
+        T* go = dys.data_ptr<T>() + n * P * L;
+        for (int64_t t = 0; t < L; ++t) sc[t] = d[t] * c[t];
+        for (int64_t p = 0; p < P; ++p) {
+#pragma omp simd
+          for (int64_t t = 0; t < L; ++t) {
+            xo[p * L + t] = xr[p * L + t] * sc[t];
+            go[p * L + t] = gr[p * L + t] * w[t];
+          }
+        }
+      }
+    });
+  });
+  return {xs, dys};
+}
+
+std::vector<at::Tensor> scan_grad_epilogue(at::Tensor dxs, const at::Tensor& x,
+                                           const at::Tensor& dys, const at::Tensor& ys,
+                                           const at::Tensor& dy, const at::Tensor& dt,
+                                           const at::Tensor& col, const at::Tensor& diag) {
+  check_heads(x, x, "x");
+  check_heads(dxs, x, "dxs");
+  check_heads(dys, x, "dys");
+  check_heads(ys, x, "ys");
+  check_heads(dy, x, "dy");
+  check_tokens(dt, x, "dt");
+  check_tokens(col, x, "col");
+  check_tokens(diag, x, "diag");
+  const int64_t B = x.size(0), R = x.size(1), H = x.size(2), P = x.size(3), L = x.size(4);
+  auto dS = at::empty(dt.sizes(), dt.options());
+  auto ddt = at::empty(dt.sizes(), dt.options());
+  auto q = at::empty(dt.sizes(), dt.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_grad_epilogue", [&] {
+    using T = scalar_t;
+    at::parallel_for(0, B * R * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> sc(L), a(L), s(L), qa(L);
+      for (int64_t n = begin; n < end; ++n) {
+        T* gx = head_row(dxs, dxs.data_ptr<T>(), n, R, H);
+        const T* xr = head_row(x, x.data_ptr<T>(), n, R, H);
+        const T* gs = head_row(dys, dys.data_ptr<T>(), n, R, H);
+        const T* yr = head_row(ys, ys.data_ptr<T>(), n, R, H);
+        const T* gr = head_row(dy, dy.data_ptr<T>(), n, R, H);
+        const T* d = dt.data_ptr<T>() + n * L;
+        const T* c = col.data_ptr<T>() + n * L;
+        const T* dg = diag.data_ptr<T>() + n * L;
+        for (int64_t t = 0; t < L; ++t) sc[t] = d[t] * c[t];
+        std::fill(a.begin(), a.end(), T(0));
+        std::fill(s.begin(), s.end(), T(0));
+        std::fill(qa.begin(), qa.end(), T(0));
+        T *ap = a.data(), *sp = s.data(), *qp = qa.data(), *scp = sc.data();
+        for (int64_t p = 0; p < P; ++p) {
+          T* gxp = gx + p * L;
+          const T *xp = xr + p * L, *gsp = gs + p * L, *yp = yr + p * L, *grp = gr + p * L;
+#pragma omp simd
+          for (int64_t t = 0; t < L; ++t) {
+            const T g = gxp[t], xv = xp[t], gy = grp[t];
+            ap[t] += g * xv;
+            sp[t] += gsp[t] * yp[t];
+            qp[t] += gy * xv;
+            gxp[t] = g * scp[t] + gy * dg[t];
+          }
+        }
+        T* dSo = dS.data_ptr<T>() + n * L;
+        T* ddto = ddt.data_ptr<T>() + n * L;
+        T* qo = q.data_ptr<T>() + n * L;
+        for (int64_t t = 0; t < L; ++t) {
+          dSo[t] = s[t] - a[t] * sc[t];
+          ddto[t] = a[t] * c[t];
+          qo[t] = qa[t];
+        }
+      }
+    });
+  });
+  return {dxs, ddt, dS, q};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -394,4 +679,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2: y (b, 2, d, L), z (b, d, L)");
   m.def("merge_backward", &merge_backward,
         "gradients of merge_forward for dm (b, d, L): [dy, dz, dweight (2, d)]");
+  m.def("wide_weights", &wide_weights,
+        "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
+  m.def("wide_grads", &wide_grads,
+        "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("scan_grad_prologue", &scan_grad_prologue,
+        "the scan backward's [xs = x dt col, dys = dy row], (b, R, h, p, L) each");
+  m.def("scan_grad_epilogue", &scan_grad_epilogue,
+        "the scan backward's [dx (over dxs), ddt (a col), dS, q] after its (L, L) products");
 }
