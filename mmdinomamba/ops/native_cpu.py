@@ -44,7 +44,7 @@ SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
 #: NaN / infinity tests that it could remove.
 CFLAGS = ['-O3', '-march=native', '-ffast-math']
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: the self-check loads the module again
 _state: dict = {}
 
 
@@ -79,12 +79,61 @@ def load():
 
 
 def _module():
-    """The compiled module, built once per process, whatever the switch says now: the calls
-    below run what a forward pass chose, and its backward pass must not be turned away."""
+    """The compiled module, built and checked once per process, whatever the switch says now:
+    the calls below run what a forward pass chose, and its backward pass must not be turned
+    away."""
     with _lock:
         if 'module' not in _state:
-            _state['module'], _state['error'] = _build()
+            module, error = _build()
+            if module is not None:
+                _state['module'] = module  # the self-check calls the kernels through here
+                error = _self_check()
+                if error is not None:
+                    module = None
+                    warnings.warn(f'mmdinomamba: the native CPU kernels ({SOURCE.name}) failed '
+                                  f'their self-check, the PyTorch ops run instead (slower): '
+                                  f'{error}')
+            _state['module'], _state['error'] = module, error
         return _state['module']
+
+
+#: Largest relative error (norm) of any result of the self-check's float32 mixer step (the
+#: kernels and the PyTorch ops differ by about 1e-6 at most: other rounding orders)
+SELF_CHECK_TOL = 1e-5
+
+
+def _self_check() -> str | None:
+    """Runs one small float32 forward and backward pass of the mixer's fast path
+    (:mod:`.bidir_inner`: conv, quadratic scan with factored and strongly decaying heads, merge)
+    with the kernels and with the PyTorch ops; returns what differs by more than
+    ``SELF_CHECK_TOL``, or None. A compiler that builds the kernels wrongly (flags, a new CPU)
+    then costs speed, not results. About a millisecond."""
+    from . import bidir_inner
+    gen = torch.Generator().manual_seed(0)
+    dims = bidir_inner.InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
+    b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
+    proj = torch.randn(b, length, 2 * dims.d_inner + 2 * 2 * 8 + h, generator=gen)
+    params = [torch.randn(2, c, 4, generator=gen) / 2, torch.randn(2, c, generator=gen) / 10,
+              # direction 0's first head decays ~50 per token: computed one by one
+              torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
+              -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),
+              torch.randn(2, h, generator=gen), 1 + torch.randn(2, dims.d_inner, generator=gen)]
+    dout = torch.randn(b, length, dims.d_inner, generator=gen)
+    results = []
+    # the first call may come from inside autocast: the check runs in float32 throughout
+    with torch.no_grad(), torch.autocast('cpu', enabled=False):
+        for native in (True, False):
+            out, kept = bidir_inner._inner_forward(proj, *params, dims, native)
+            dproj = torch.empty_like(proj)
+            grads = bidir_inner._inner_backward(dout, proj, params, kept, dims, dproj, native)
+            results.append([out, dproj, *grads])
+    names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
+             'd norm weight']
+    for name, got, want in zip(names, *results):
+        err = ((got - want).norm() / want.norm()).item()
+        if not err <= SELF_CHECK_TOL:  # NaN too
+            return f'{name}: relative error {err:.2e} against the PyTorch ops'
+    return None
 
 
 def _build():

@@ -280,6 +280,29 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize('broken', ['merge_forward', 'wide_grads', 'scan_grad_epilogue'])
+def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
+    # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
+    monkeypatch.setattr(native_cpu, '_state', {})
+    fn = getattr(native_cpu, broken)
+
+    def off(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        first = out if torch.is_tensor(out) else out[0]
+        first.mul_(1.01)
+        return out
+
+    monkeypatch.setattr(native_cpu, broken, off)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        assert not native_cpu.available()
+        assert not native_cpu.available()
+    assert len(caught) == 1 and 'failed their self-check' in str(caught[0].message)
+    assert 'relative error' in native_cpu.load_error()
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8)
+    assert torch.isfinite(m(torch.randn(2, 9, 32))).all()  # the PyTorch ops run instead
+
+
 def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(native_cpu, '_state', {})
     monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')
