@@ -241,6 +241,40 @@ class _BidirInner(torch.autograd.Function):
                 None)
 
 
+@native_cpu.register_self_check
+def _native_self_check() -> str | None:
+    """One small float32 forward and backward pass of this fast path (conv, quadratic scan with
+    factored and strongly decaying heads, merge) with the native kernels and with the PyTorch
+    ops; returns what differs by more than ``native_cpu.SELF_CHECK_TOL``, or None. A compiler
+    that builds the kernels wrongly (flags, a new CPU) then costs speed, not results. About a
+    millisecond."""
+    gen = torch.Generator().manual_seed(0)
+    dims = InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
+    b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
+    proj = torch.randn(b, length, 2 * dims.d_inner + 2 * 2 * 8 + h, generator=gen)
+    params = [torch.randn(2, c, 4, generator=gen) / 2, torch.randn(2, c, generator=gen) / 10,
+              # direction 0's first head decays ~50 per token: computed one by one
+              torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
+              -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),
+              torch.randn(2, h, generator=gen), 1 + torch.randn(2, dims.d_inner, generator=gen)]
+    dout = torch.randn(b, length, dims.d_inner, generator=gen)
+    results = []
+    # the first call may come from inside autocast: the check runs in float32 throughout
+    with torch.no_grad(), torch.autocast('cpu', enabled=False):
+        for native in (True, False):
+            out, kept = _inner_forward(proj, *params, dims, native)
+            dproj = torch.empty_like(proj)
+            grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
+            results.append([out, dproj, *grads])
+    names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
+             'd norm weight']
+    for name, got, want in zip(names, *results):
+        err = ((got - want).norm() / want.norm()).item()
+        if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
+            return f'{name}: relative error {err:.2e} against the PyTorch ops'
+    return None
+
+
 def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
                     dt_bias: Tensor, A: Tensor, D: Tensor, norm_weight: Tensor | None,
                     dims: InnerDims) -> Tensor:

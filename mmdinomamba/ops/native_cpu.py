@@ -4,10 +4,9 @@ Both directions' depthwise conv + SiLU, and the gated RMSNorms of both direction
 average, forward and backward, are element-wise work that the PyTorch compositions
 (:mod:`.shift_conv`, :func:`~mmdinomamba.ops.bidir_inner.merge_forward`) do in one pass over
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
-over cache-sized tiles. So do the kernels for the SSD scan in its quadratic form
-(:mod:`.ssd_quadratic`): the strongly decaying heads' (L, L) weights, built on the triangle
-only, and their gradients (:mod:`.ssd_quadratic_heads`), and the element-wise work before and
-after the backward pass's (L, L) products, one pass each instead of one per operation.
+over cache-sized tiles. So do the kernels for the strongly decaying heads of the SSD scan in its
+quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
+and their gradients, one pass each instead of a dozen.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and
@@ -36,7 +35,7 @@ from torch import Tensor
 
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
-           'wide_weights', 'wide_grads', 'scan_grad_prologue', 'scan_grad_epilogue']
+           'wide_weights', 'wide_grads']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -97,42 +96,28 @@ def _module():
         return _state['module']
 
 
-#: Largest relative error (norm) of any result of the self-check's float32 mixer step (the
-#: kernels and the PyTorch ops differ by about 1e-6 at most: other rounding orders)
+#: Largest relative error (norm) of any result of a self-check (the kernels and the PyTorch ops
+#: differ by about 1e-6 at most: other rounding orders)
 SELF_CHECK_TOL = 1e-5
+
+#: The self-checks run once the kernels are loaded: functions returning what differs by more
+#: than ``SELF_CHECK_TOL`` (or None), registered by the modules whose kernels they compare
+#: with the PyTorch ops (this module imports none of them)
+_self_checks: list = []
+
+
+def register_self_check(fn):
+    """Registers ``fn`` (no arguments, returns an error text or None) as a self-check."""
+    _self_checks.append(fn)
+    return fn
 
 
 def _self_check() -> str | None:
-    """Runs one small float32 forward and backward pass of the mixer's fast path
-    (:mod:`.bidir_inner`: conv, quadratic scan with factored and strongly decaying heads, merge)
-    with the kernels and with the PyTorch ops; returns what differs by more than
-    ``SELF_CHECK_TOL``, or None. A compiler that builds the kernels wrongly (flags, a new CPU)
-    then costs speed, not results. About a millisecond."""
-    from . import bidir_inner
-    gen = torch.Generator().manual_seed(0)
-    dims = bidir_inner.InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
-    b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
-    proj = torch.randn(b, length, 2 * dims.d_inner + 2 * 2 * 8 + h, generator=gen)
-    params = [torch.randn(2, c, 4, generator=gen) / 2, torch.randn(2, c, generator=gen) / 10,
-              # direction 0's first head decays ~50 per token: computed one by one
-              torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
-              -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),
-              torch.randn(2, h, generator=gen), 1 + torch.randn(2, dims.d_inner, generator=gen)]
-    dout = torch.randn(b, length, dims.d_inner, generator=gen)
-    results = []
-    # the first call may come from inside autocast: the check runs in float32 throughout
-    with torch.no_grad(), torch.autocast('cpu', enabled=False):
-        for native in (True, False):
-            out, kept = bidir_inner._inner_forward(proj, *params, dims, native)
-            dproj = torch.empty_like(proj)
-            grads = bidir_inner._inner_backward(dout, proj, params, kept, dims, dproj, native)
-            results.append([out, dproj, *grads])
-    names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
-             'd norm weight']
-    for name, got, want in zip(names, *results):
-        err = ((got - want).norm() / want.norm()).item()
-        if not err <= SELF_CHECK_TOL:  # NaN too
-            return f'{name}: relative error {err:.2e} against the PyTorch ops'
+    """The first failure of the registered self-checks, or None."""
+    for check in _self_checks:
+        error = check()
+        if error is not None:
+            return error
     return None
 
 
@@ -231,22 +216,3 @@ def wide_grads(dW: Tensor, hi: Tensor, t: Tensor, cb: Tensor, index: Tensor, dir
     in float64 (``t`` (N, L) like ``hi``)."""
     dS, pairs = _module().wide_grads(dW, hi, t, cb, index, direction, dcb)
     return dS, pairs
-
-
-def scan_grad_prologue(x: Tensor, dy: Tensor, dt: Tensor, col: Tensor,
-                       row: Tensor) -> tuple[Tensor, Tensor]:
-    """The SSD scan backward's scanned values ``xs = x dt col`` and scaled output gradient
-    ``dys = dy row`` (:func:`~mmdinomamba.ops.ssd_quadratic.scan_backward`): ``x``, ``dy``
-    (b, R, h, p, L) with contiguous (p, L) rows, ``dt``, ``col``, ``row`` (b, R, h, L)."""
-    xs, dys = _module().scan_grad_prologue(x, dy, dt, col, row)
-    return xs, dys
-
-
-def scan_grad_epilogue(dxs: Tensor, x: Tensor, dys: Tensor, ys: Tensor, dy: Tensor, dt: Tensor,
-                       col: Tensor, diag: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """After the scan backward's (L, L) products: with ``a = sum_p dxs x``, ``s = sum_p dys ys``
-    and ``q = sum_p dy x`` per token, returns ``dx = dxs dt col + dy diag`` (written over
-    ``dxs``), ``a col``, ``dS = s - a dt col`` and ``q`` (shapes as in
-    :func:`scan_grad_prologue`)."""
-    dx, ddt, dS, q = _module().scan_grad_epilogue(dxs, x, dys, ys, dy, dt, col, diag)
-    return dx, ddt, dS, q

@@ -107,8 +107,7 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
                  native: bool = False) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
     state for :func:`scan_backward`; ``native``: the strongly decaying heads' element-wise work
-    in the native CPU kernels (:mod:`.native_cpu`), and in :func:`scan_backward` also the
-    element-wise work around the (L, L) products."""
+    in the native CPU kernels (:mod:`.native_cpu`)."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A)
     cb, cb_diag = _group_products(B, C)
@@ -133,25 +132,17 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         ``dD`` (R, h) or None.
     """
     g = B.shape[2]
-    if native:
-        x, dy = _rows(x), _rows(dy)
-        xs, dys = native_cpu.scan_grad_prologue(x, dy, dt, st.col, st.row)
-        xs, dys = _grouped(xs, g), _grouped(dys, g)
-    else:
-        xs, dys = st.scanned(x, dt), _grouped(dy * st.row.unsqueeze(-2), g)
+    xs = st.scanned(x, dt)
+    dys = _grouped(dy * st.row.unsqueeze(-2), g)
     dxs = apply_masked_t(dys, st.cb).view(x.shape)
     dcb = masked_outer(dys, xs)
-    if native:
-        dx, ddt, dS, q = native_cpu.scan_grad_epilogue(
-            dxs, x, dys.view(x.shape), st.ys.view(x.shape), dy, dt, st.col, st.diag)
-    else:
-        scratch = torch.empty_like(dy)
-        dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
-        # S_i enters y_i through row_i (+) and x_i through col_i (-)
-        dS = _dot(dys.view(x.shape), st.ys.view(x.shape), scratch).sub_(dxs_x * dt * st.col)
-        q = _dot(dy, x, scratch)  # (b, R, h, L) through the diagonal scale
-        dx = dxs.mul_((dt * st.col).unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
-        ddt = dxs_x.mul_(st.col)
+    scratch = torch.empty_like(dy)
+    dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
+    # S_i enters y_i through row_i (+) and x_i through col_i (-)
+    dS = _dot(dys.view(x.shape), st.ys.view(x.shape), scratch).sub_(dxs_x * dt * st.col)
+    q = _dot(dy, x, scratch)  # (b, R, h, L) through the diagonal scale
+    dx = dxs.mul_((dt * st.col).unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+    ddt = dxs_x.mul_(st.col)
     ddt += (q.unflatten(2, (g, -1)) * st.cb_diag.unsqueeze(3)).flatten(2, 3)
     dA_wide = None
     if st.wide.any():
@@ -167,14 +158,6 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         dA += dA_wide
     dD = q.sum((0, 3)) if with_D else None
     return dx, ddt, dA.to(A.dtype), dB, dC, dD
-
-
-def _rows(t: Tensor) -> Tensor:
-    """``t`` (b, R, h, p, L), or a copy where its (p, L) rows are not contiguous (the layout
-    of the native kernels)."""
-    p, length = t.shape[-2:]
-    rows = ((t.stride(-1) == 1 or length == 1) and (t.stride(-2) == length or p == 1))
-    return t if rows else t.clone(memory_format=torch.contiguous_format)
 
 
 def _dot(a: Tensor, b: Tensor, scratch: Tensor) -> Tensor:

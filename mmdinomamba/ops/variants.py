@@ -47,8 +47,8 @@ class FastPathVariant:
         triangle_blocks (bool): CPU, quadratic form: skip the all-zero token blocks of its
             triangular matrix products (:mod:`.ssd_triangles`; False: full products).
         native_cpu (bool): CPU, quadratic form: both directions' conv + SiLU, the gated
-            merge, the scan's strongly decaying heads and the element-wise work of its backward
-            pass in the native C++ kernels (:mod:`.native_cpu`; False, or when they cannot be built:
+            merge and the (L, L) work of the scan's strongly decaying heads in the native C++
+            kernels (:mod:`.native_cpu`; False, or when they cannot be built:
             PyTorch ops).
     """
     single_scan: bool = True

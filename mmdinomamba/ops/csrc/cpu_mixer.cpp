@@ -1,9 +1,8 @@
 // Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu):
 // both directions' depthwise conv + SiLU, and the gated merge (both directions' gated RMSNorms
 // and their average), forward and backward; in the SSD scan's quadratic form, the strongly
-// decaying heads' (L, L) weights and their gradients, and the element-wise work around the
-// backward pass's (L, L) products. The PyTorch compositions they replace (shift_conv.py,
-// bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py, ssd_quadratic.py) are the
+// decaying heads' (L, L) weights and their gradients. The PyTorch compositions they replace
+// (shift_conv.py, bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py) are the
 // specification.
 //
 // Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
@@ -540,134 +539,6 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
   return {dS, pairs};
 }
 
-// ---- the SSD scan's factored heads, backward (ssd_quadratic.scan_backward) ----
-// Per (sample, direction, head) row of p channels x L tokens. Prologue: the scanned values
-// xs = x dt col and dys = dy row. Epilogue, after the (L, L) products gave dxs: the per-token
-// sums over channels a = sum_p dxs x, s = sum_p dys ys, q = sum_p dy x, and
-// dx = dxs dt col + dy diag (written over dxs), dS = s - a dt col, ddt = a col: one pass over
-// the five (p, L) rows instead of one per operation.
-
-// (b, R, h, p, L) tensor with any strides of the first three dims: pointer to row (b, r, h).
-template <typename T>
-inline T* head_row(const at::Tensor& t, T* base, int64_t n, int64_t R, int64_t H) {
-  const int64_t b = n / (R * H), r = (n / H) % R, h = n % H;
-  return base + b * t.stride(0) + r * t.stride(1) + h * t.stride(2);
-}
-
-void check_heads(const at::Tensor& t, const at::Tensor& like, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 5 && t.sizes() == like.sizes() &&
-                  t.scalar_type() == like.scalar_type() &&
-                  (t.stride(4) == 1 || t.size(4) == 1) &&
-                  (t.stride(3) == t.size(4) || t.size(3) == 1),
-              "native scan: ", name, " must be a (b, R, h, p, L) tensor shaped like x, of its "
-              "dtype, with contiguous (p, L) rows");
-}
-
-void check_tokens(const at::Tensor& t, const at::Tensor& x, const char* name) {
-  TORCH_CHECK(t.dim() == 4 && t.size(0) == x.size(0) && t.size(1) == x.size(1) &&
-                  t.size(2) == x.size(2) && t.size(3) == x.size(4),
-              "native scan: ", name, " must be (b, R, h, L)");
-  TORCH_CHECK(t.is_contiguous() && t.scalar_type() == x.scalar_type(), "native scan: ", name,
-              " must be contiguous and of x's dtype");
-}
-
-std::vector<at::Tensor> scan_grad_prologue(const at::Tensor& x, const at::Tensor& dy,
-                                           const at::Tensor& dt, const at::Tensor& col,
-                                           const at::Tensor& row) {
-  check_heads(x, x, "x");
-  check_heads(dy, x, "dy");
-  check_tokens(dt, x, "dt");
-  check_tokens(col, x, "col");
-  check_tokens(row, x, "row");
-  const int64_t B = x.size(0), R = x.size(1), H = x.size(2), P = x.size(3), L = x.size(4);
-  auto xs = at::empty(x.sizes(), x.options());
-  auto dys = at::empty(x.sizes(), x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_grad_prologue", [&] {
-    using T = scalar_t;
-    at::parallel_for(0, B * R * H, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> sc(L);
-      for (int64_t n = begin; n < end; ++n) {
-        const T* xr = head_row(x, x.data_ptr<T>(), n, R, H);
-        const T* gr = head_row(dy, dy.data_ptr<T>(), n, R, H);
-        const T* d = dt.data_ptr<T>() + n * L;
-        const T* c = col.data_ptr<T>() + n * L;
-        const T* w = row.data_ptr<T>() + n * L;
-        T* xo = xs.data_ptr<T>() + n * P * L;
-        T* go = dys.data_ptr<T>() + n * P * L;
-        for (int64_t t = 0; t < L; ++t) sc[t] = d[t] * c[t];
-        for (int64_t p = 0; p < P; ++p) {
-#pragma omp simd
-          for (int64_t t = 0; t < L; ++t) {
-            xo[p * L + t] = xr[p * L + t] * sc[t];
-            go[p * L + t] = gr[p * L + t] * w[t];
-          }
-        }
-      }
-    });
-  });
-  return {xs, dys};
-}
-
-std::vector<at::Tensor> scan_grad_epilogue(at::Tensor dxs, const at::Tensor& x,
-                                           const at::Tensor& dys, const at::Tensor& ys,
-                                           const at::Tensor& dy, const at::Tensor& dt,
-                                           const at::Tensor& col, const at::Tensor& diag) {
-  check_heads(x, x, "x");
-  check_heads(dxs, x, "dxs");
-  check_heads(dys, x, "dys");
-  check_heads(ys, x, "ys");
-  check_heads(dy, x, "dy");
-  check_tokens(dt, x, "dt");
-  check_tokens(col, x, "col");
-  check_tokens(diag, x, "diag");
-  const int64_t B = x.size(0), R = x.size(1), H = x.size(2), P = x.size(3), L = x.size(4);
-  auto dS = at::empty(dt.sizes(), dt.options());
-  auto ddt = at::empty(dt.sizes(), dt.options());
-  auto q = at::empty(dt.sizes(), dt.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_grad_epilogue", [&] {
-    using T = scalar_t;
-    at::parallel_for(0, B * R * H, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> sc(L), a(L), s(L), qa(L);
-      for (int64_t n = begin; n < end; ++n) {
-        T* gx = head_row(dxs, dxs.data_ptr<T>(), n, R, H);
-        const T* xr = head_row(x, x.data_ptr<T>(), n, R, H);
-        const T* gs = head_row(dys, dys.data_ptr<T>(), n, R, H);
-        const T* yr = head_row(ys, ys.data_ptr<T>(), n, R, H);
-        const T* gr = head_row(dy, dy.data_ptr<T>(), n, R, H);
-        const T* d = dt.data_ptr<T>() + n * L;
-        const T* c = col.data_ptr<T>() + n * L;
-        const T* dg = diag.data_ptr<T>() + n * L;
-        for (int64_t t = 0; t < L; ++t) sc[t] = d[t] * c[t];
-        std::fill(a.begin(), a.end(), T(0));
-        std::fill(s.begin(), s.end(), T(0));
-        std::fill(qa.begin(), qa.end(), T(0));
-        T *ap = a.data(), *sp = s.data(), *qp = qa.data(), *scp = sc.data();
-        for (int64_t p = 0; p < P; ++p) {
-          T* gxp = gx + p * L;
-          const T *xp = xr + p * L, *gsp = gs + p * L, *yp = yr + p * L, *grp = gr + p * L;
-#pragma omp simd
-          for (int64_t t = 0; t < L; ++t) {
-            const T g = gxp[t], xv = xp[t], gy = grp[t];
-            ap[t] += g * xv;
-            sp[t] += gsp[t] * yp[t];
-            qp[t] += gy * xv;
-            gxp[t] = g * scp[t] + gy * dg[t];
-          }
-        }
-        T* dSo = dS.data_ptr<T>() + n * L;
-        T* ddto = ddt.data_ptr<T>() + n * L;
-        T* qo = q.data_ptr<T>() + n * L;
-        for (int64_t t = 0; t < L; ++t) {
-          dSo[t] = s[t] - a[t] * sc[t];
-          ddto[t] = a[t] * c[t];
-          qo[t] = qa[t];
-        }
-      }
-    });
-  });
-  return {dxs, ddt, dS, q};
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -683,8 +554,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
-  m.def("scan_grad_prologue", &scan_grad_prologue,
-        "the scan backward's [xs = x dt col, dys = dy row], (b, R, h, p, L) each");
-  m.def("scan_grad_epilogue", &scan_grad_epilogue,
-        "the scan backward's [dx (over dxs), ddt (a col), dS, q] after its (L, L) products");
 }
