@@ -170,24 +170,36 @@ def _grads(m, x):
     return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
 
 
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
-    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
-    x = torch.randn(3, 23, 32, dtype=torch.float64)
+def _record(monkeypatch, names) -> list:
+    """The list that the named kernels (monkeypatched) append their names to when called."""
     calls = []
-    for name in ('conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward'):
+    for name in names:
         fn = getattr(native_cpu, name)
         monkeypatch.setattr(native_cpu, name,
-                            lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
-    native = _grads(m, x)
-    # forward; conv recomputed in the backward pass
-    assert calls == ['conv_silu_forward', 'merge_forward', 'conv_silu_forward', 'merge_backward',
-                     'conv_silu_backward']
+                            lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    return calls
+
+
+def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
+    """``_grads(m, x)`` with the kernels switched off calls none of them and equals ``native``."""
     calls.clear()
     with fast_path_variant(native_cpu=False):
         ops = _grads(m, x)
     assert calls == []
     for a, b in zip(native, ops):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
+
+
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    x = torch.randn(3, 23, 32, dtype=torch.float64)
+    calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
+                                  'merge_backward'))
+    native = _grads(m, x)
+    # forward; conv recomputed in the backward pass
+    assert calls == ['conv_silu_forward', 'merge_forward', 'conv_silu_forward', 'merge_backward',
+                     'conv_silu_backward']
+    _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 
 
 def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):
@@ -198,21 +210,12 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):
         m.A_log.fill_(math.log(300.))
         m.A_log_b[:2].fill_(math.log(300.))
     x = torch.randn(2, 23, 32, dtype=torch.float64)
-    calls = []
-    for name in ('wide_weights', 'wide_grads'):
-        fn = getattr(native_cpu, name)
-        monkeypatch.setattr(native_cpu, name,
-                            lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    calls = _record(monkeypatch, ('wide_weights', 'wide_grads'))
     native = _grads(m, x)
     # forward: weights per direction; backward: per direction the weights again and their
     # gradients
     assert calls == ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2
-    calls.clear()
-    with fast_path_variant(native_cpu=False):
-        ops = _grads(m, x)
-    assert calls == []
-    for a, b in zip(native, ops):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-12)
 
 
 def test_torch_compile_traces_the_pytorch_ops(monkeypatch):
@@ -220,11 +223,7 @@ def test_torch_compile_traces_the_pytorch_ops(monkeypatch):
     break or warning at the kernels), eager runs the kernels, and both agree."""
     m = BiSSD(embed_dims=32, d_state=8, headdim=8)
     x = torch.randn(2, 9, 32)
-    calls = []
-    for name in ('conv_silu_forward', 'merge_forward'):
-        fn = getattr(native_cpu, name)
-        monkeypatch.setattr(native_cpu, name,
-                            lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    calls = _record(monkeypatch, ('conv_silu_forward', 'merge_forward'))
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
