@@ -113,9 +113,12 @@ def register_self_check(fn):
 
 
 def _self_check() -> str | None:
-    """The first failure of the registered self-checks, or None."""
+    """The first failure of the registered self-checks (a check that raises fails), or None."""
     for check in _self_checks:
-        error = check()
+        try:
+            error = check()
+        except Exception as exc:  # a kernel that rejects valid input, ...
+            error = f'{type(exc).__name__}: {exc}'.strip()
         if error is not None:
             return error
     return None
@@ -162,7 +165,8 @@ def use_for(t: Tensor) -> bool:
 
 
 def load_error() -> str | None:
-    """Why the last build failed (None if it did not fail or was not tried)."""
+    """Why the kernels are not in use: the build's error or the failed self-check (None if
+    neither failed or nothing was tried)."""
     return _state.get('error')
 
 

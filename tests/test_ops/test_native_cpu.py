@@ -291,6 +291,18 @@ def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     assert torch.isfinite(m(torch.randn(2, 9, 32))).all()  # the PyTorch ops run instead
 
 
+def test_a_self_check_that_raises_fails(monkeypatch):
+    monkeypatch.setattr(native_cpu, '_state', {})
+
+    def rejects(*args, **kwargs):
+        raise RuntimeError('native merge: z must be a contiguous (b, d, L) tensor')
+
+    monkeypatch.setattr(native_cpu, 'merge_backward', rejects)
+    with pytest.warns(UserWarning, match='failed their self-check'):
+        assert not native_cpu.available()
+    assert native_cpu.load_error().startswith('RuntimeError: native merge')
+
+
 def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(native_cpu, '_state', {})
     monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')
