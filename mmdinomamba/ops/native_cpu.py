@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .variants import current_variant
+
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
            'wide_weights', 'wide_grads']
@@ -159,7 +161,6 @@ def use_for(t: Tensor) -> bool:
     ``native_cpu`` switch on (:func:`~mmdinomamba.ops.fast_path_variant`), not while
     ``torch.compile`` traces it (the compiler cannot see into them: it traces the PyTorch ops
     instead), and the kernels built."""
-    from .variants import current_variant
     return (t.device.type == 'cpu' and current_variant().native_cpu
             and not torch.compiler.is_compiling() and available())
 

@@ -56,7 +56,9 @@ def _subsets(wide: Tensor, groups: int):
 
 
 def _heads(t: Tensor, r: int, b_idx: Tensor, h_idx: Tensor) -> Tensor:
-    """Indices of the subset's heads in ``t`` (b, R, h, ...) viewed as (-1, ...)."""
+    """Indices of ``t[b_idx, r, h_idx]`` in ``t`` (b, R, h, ...) viewed as (-1, ...), sorted
+    when the subset comes in the order of ``nonzero`` (also for the group matrices ``cb``
+    (b, R, g, L, L) with group indices)."""
     return (b_idx * t.shape[1] + r) * t.shape[2] + h_idx
 
 
@@ -77,13 +79,14 @@ def _add_at(t: Tensor, r: int, b_idx: Tensor, h_idx: Tensor, v: Tensor) -> None:
 
 
 def _matrices(x, dt, S, r, b_idx, h_idx) -> dict:
-    """The subset's scanned values ``xs`` (N, p, L), row scales ``el`` (N, L) or None and
-    cumulative decay ``hi`` (N, L)."""
+    """The subset's scanned values ``xs = x scale`` (N, p, L) with ``scale = dt / el`` (N, L),
+    row scales ``el`` (N, L) or None (then ``scale = dt``) and cumulative decay ``hi`` (N, L)."""
     hi, lo = _split(_take(S, r, b_idx, h_idx), x.dtype)
     el = None if lo is None else lo.exp()
     dts = _take(dt, r, b_idx, h_idx)
-    xs = _take(x, r, b_idx, h_idx).mul_((dts if el is None else dts / el).unsqueeze(-2))
-    return dict(xs=xs, el=el, hi=hi)
+    scale = dts if el is None else dts / el
+    xs = _take(x, r, b_idx, h_idx).mul_(scale.unsqueeze(-2))
+    return dict(xs=xs, el=el, hi=hi, scale=scale)
 
 
 def _decay(hi: Tensor) -> Tensor:
@@ -91,23 +94,17 @@ def _decay(hi: Tensor) -> Tensor:
     return exp_decay(hi[..., :, None] - hi[..., None, :])
 
 
-def _flat(cb: Tensor, r: int, b_idx: Tensor, g_idx: Tensor) -> Tensor:
-    """Indices of the subset's group matrices in ``cb`` (b, R, g, L, L) viewed as (-1, L, L)
-    (sorted: heads come in the order of ``nonzero``)."""
-    return (b_idx * cb.shape[1] + r) * cb.shape[2] + g_idx
-
-
 def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
                 wide: Tensor, native: bool = False) -> Tensor:
     """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
     added parts (N, p, L) in the order of :func:`add_saved` (N wide heads). ``native``: the
     weights from the native CPU kernel (:mod:`.native_cpu`)."""
-    parts = []
+    parts, cbs = [], cb.view(-1, *cb.shape[-2:])
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, r, b_idx, h_idx)
         if native:
-            wt = native_cpu.wide_weights(m['hi'], cb.view(-1, *cb.shape[-2:]),
-                                         _flat(cb, r, b_idx, g_idx), r, transpose=True)
+            wt = native_cpu.wide_weights(m['hi'], cbs, _heads(cb, r, b_idx, g_idx), r,
+                                         transpose=True)
         else:
             wt = (_decay(m['hi']) * cb[b_idx, r, g_idx]).transpose(-1, -2).contiguous()
         ys = torch.matmul(m['xs'], wt)
@@ -135,34 +132,31 @@ def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide:
     ``native``: the element-wise (L, L) work in the native CPU kernels (:mod:`.native_cpu`)."""
     dA = torch.zeros(wide.shape[1:], dtype=torch.float64, device=dy.device)
     T = cumulative(dt)
+    cbs, dcbs = cb.view(-1, *cb.shape[-2:]), dcb.view(-1, *dcb.shape[-2:])
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, r, b_idx, h_idx)
-        el, dts = m['el'], _take(dt, r, b_idx, h_idx)
-        flat = _flat(cb, r, b_idx, g_idx)
+        el = m['el']
+        flat = _heads(cb, r, b_idx, g_idx)
         if native:
-            W = native_cpu.wide_weights(m['hi'], cb.view(-1, *cb.shape[-2:]), flat, r,
-                                        transpose=False)
+            W = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=False)
         else:
             E = _decay(m['hi'])
             W = E * cb[b_idx, r, g_idx]
         dys = _take(dy, r, b_idx, h_idx)
         dys = dys if el is None else dys.mul_(el.unsqueeze(-2))
         dxs = torch.matmul(dys, W)
-        scale = dts if el is None else dts / el
-        _add_at(dx, r, b_idx, h_idx, dxs * scale.unsqueeze(-2))
+        _add_at(dx, r, b_idx, h_idx, dxs * m['scale'].unsqueeze(-2))
         ddt_direct = (dxs.mul_(_take(x, r, b_idx, h_idx))).sum(-2)
         _add_at(ddt, r, b_idx, h_idx, ddt_direct if el is None else ddt_direct / el)
         dW = torch.matmul(dys.transpose(-1, -2), m['xs'])
         t_hi, t_lo = _split(_take(T, r, b_idx, h_idx), x.dtype)
         if native:
-            dS_sub, pairs = native_cpu.wide_grads(dW, m['hi'], t_hi,
-                                                  cb.view(-1, *cb.shape[-2:]), flat, r,
-                                                  dcb.view(-1, *dcb.shape[-2:]))
+            dS_sub, pairs = native_cpu.wide_grads(dW, m['hi'], t_hi, cbs, flat, r, dcbs)
         else:
             # heads of one group and sample add to the same dcb matrix: index_add_ over the
             # flattened (b, R, g) matrices (a CPU index_put_ with accumulate=True is several
             # times slower)
-            dcb.view(-1, *dcb.shape[-2:]).index_add_(0, flat, _mask(E.mul_(dW), r))
+            dcbs.index_add_(0, flat, _mask(E.mul_(dW), r))
             G = dW.mul_(W)
             dS_sub = G.sum(-1).sub_(G.sum(-2))
             # sum_ij G_ij (T_i - T_j) pair by pair (an einsum here runs as a batch of
