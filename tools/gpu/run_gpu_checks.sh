@@ -15,7 +15,8 @@
 # official: tools/gpu/bench_official.py (needs .external/Dino-Mamba and causal-conv1d).
 #
 # Environment: PY (the Python to use; default .venv/bin/python when it exists, else python3),
-# OUT (where the logs go; default work_dirs/gpu). Exits non-zero when a step fails.
+# OUT (where the logs go; default work_dirs/gpu), TRITON_CACHE_AUTOTUNING (default 1). Exits
+# non-zero when a step fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -25,6 +26,8 @@ if [[ -z "${PY:-}" ]]; then
 fi
 OUT=${OUT:-work_dirs/gpu}
 export PYTHONUNBUFFERED=1
+# keep Triton's autotuning results in its cache: a second run skips the minutes of autotuning
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 BENCH_DEFAULT=(--archs dinovim-t dinovim-s dinovim-b mambareg-b linearvit-b vit-b --ref vit-b
                --res 224 512 1024 --batch 64 16 4 --modes train)
 
