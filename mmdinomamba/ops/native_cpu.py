@@ -10,7 +10,8 @@ and their gradients, one pass each instead of a dozen.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and
-contents) and kept in PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
+contents) with OpenMP, so that their ``at::parallel_for`` loops run on torch's threads, and kept
+in PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``); a first build takes about half a minute, later processes load
 it in well under a second. ``-ffast-math`` is a compile flag only: the library is linked
 without it, so loading it does not switch the process to flushing subnormal floats to zero
@@ -42,8 +43,13 @@ __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
 #: -ffast-math lets g++ vectorize exp (glibc's vector math library); the kernels hold no
-#: NaN / infinity tests that it could remove.
-CFLAGS = ['-O3', '-march=native', '-ffast-math']
+#: NaN / infinity tests that it could remove. -fopenmp: ``at::parallel_for`` is a header
+#: template that runs its loop on torch's OpenMP threads only when the including file is compiled
+#: with OpenMP; without it every kernel runs on one thread.
+CFLAGS = ['-O3', '-march=native', '-ffast-math', '-fopenmp']
+#: linked against the OpenMP runtime by its soname (libgomp.so.1): the process already holds
+#: torch's copy, so the kernels share torch's thread pool and its thread count
+LDFLAGS = ['-fopenmp']
 
 _lock = threading.RLock()  # reentrant: the self-check loads the module again
 _state: dict = {}
@@ -65,7 +71,7 @@ def _build_key() -> str:
     except OSError:
         source = b''  # the build reports the missing file
     text = '|'.join([platform.machine(), flags, torch.__version__, ' '.join(CFLAGS),
-                     str(SOURCE.resolve())])
+                     ' '.join(LDFLAGS), str(SOURCE.resolve())])
     return hashlib.sha1(text.encode() + source).hexdigest()[:12]
 
 
@@ -138,7 +144,8 @@ def _build():
             ext_logger.setLevel(level)
         start = time.perf_counter()
         module = load_extension(name=f'mmdinomamba_cpu_mixer_{_build_key()}',
-                                sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+                                sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                                extra_ldflags=LDFLAGS, verbose=False)
         seconds = time.perf_counter() - start
         if seconds > 5:  # it compiled: say where the time went
             print(f'mmdinomamba: built the native CPU kernels in {seconds:.0f} s (once per '

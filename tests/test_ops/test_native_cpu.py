@@ -162,6 +162,50 @@ def test_wide_heads_bad_input_is_named():
         native_cpu.wide_grads(cb[:2], hi, hi, cb, index, 0, cb.clone())
 
 
+def _with_threads(n, fn):
+    """``fn()`` with torch's intra-op thread count set to ``n``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_kernels_run_on_torchs_threads():
+    # at::parallel_for is a header template: in a file built without OpenMP it runs every loop
+    # on the calling thread, and the kernels would use one core whatever torch is told
+    module = native_cpu.load()
+    assert _with_threads(2, lambda: module.parallel_threads(64)) == 2
+    assert _with_threads(1, lambda: module.parallel_threads(64)) == 1
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    # every output (and every per-sample or per-run partial sum) is computed by one thread in a
+    # fixed order: one and two threads give the same bits
+    gen = torch.Generator().manual_seed(0)
+    xp = torch.randn(6, 40, 43, generator=gen)
+    w, b = torch.randn(2, 40, 4, generator=gen), torch.randn(2, 40, generator=gen)
+    dact = torch.randn(6, 2, 40, 37, generator=gen)
+    y, z = torch.randn(6, 2, 32, 70, generator=gen), torch.randn(6, 32, 70, generator=gen)
+    nw, dm = torch.randn(2, 32, generator=gen), torch.randn(6, 32, 70, generator=gen)
+    hi, index, cb = _wide_inputs(torch.float32)
+    dW = torch.randn(5, 37, 37, generator=gen)
+    t = torch.rand(5, 37, generator=gen).cumsum(-1)
+
+    def run():
+        dcb = torch.zeros_like(cb)
+        return [native_cpu.conv_silu_forward(xp, w, b),
+                *native_cpu.conv_silu_backward(dact, xp, w, b),
+                native_cpu.merge_forward(y, z, nw, 2, 1e-5),
+                *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5),
+                native_cpu.wide_weights(hi, cb, index, 0, False),
+                *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb]
+
+    for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
+        assert torch.equal(one, two)
+
+
 def _grads(m, x):
     m.zero_grad()
     x = x.detach().requires_grad_()

@@ -539,6 +539,15 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
   return {dS, pairs};
 }
 
+// How many threads at::parallel_for spreads `items` work items over. at::parallel_for is a header
+// template: in a file compiled without OpenMP it runs every loop on the calling thread, so this
+// tells whether the kernels above really run in parallel.
+int64_t parallel_threads(int64_t items) {
+  std::vector<int> used(std::max(1, at::get_num_threads()), 0);
+  at::parallel_for(0, items, 1, [&](int64_t, int64_t) { used[at::get_thread_num()] = 1; });
+  return std::count(used.begin(), used.end(), 1);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -554,4 +563,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("parallel_threads", &parallel_threads,
+        "how many threads at::parallel_for spreads `items` work items over");
 }
