@@ -46,10 +46,10 @@ SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
 #: NaN / infinity tests that it could remove. -fopenmp: ``at::parallel_for`` is a header
 #: template that runs its loop on torch's OpenMP threads only when the including file is compiled
 #: with OpenMP; without it every kernel runs on one thread.
-CFLAGS = ['-O3', '-march=native', '-ffast-math', '-fopenmp']
+CFLAGS = ('-O3', '-march=native', '-ffast-math', '-fopenmp')
 #: linked against the OpenMP runtime by its soname (libgomp.so.1): the process already holds
 #: torch's copy, so the kernels share torch's thread pool and its thread count
-LDFLAGS = ['-fopenmp']
+LDFLAGS = ('-fopenmp', )
 
 _lock = threading.RLock()  # reentrant: the self-check loads the module again
 _state: dict = {}
@@ -143,9 +143,11 @@ def _build():
         finally:
             ext_logger.setLevel(level)
         start = time.perf_counter()
+        # copies of the flags: load() appends torch's libraries to the lists it is given, and
+        # the flags make the build key
         module = load_extension(name=f'mmdinomamba_cpu_mixer_{_build_key()}',
-                                sources=[str(SOURCE)], extra_cflags=CFLAGS,
-                                extra_ldflags=LDFLAGS, verbose=False)
+                                sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+                                extra_ldflags=list(LDFLAGS), verbose=False)
         seconds = time.perf_counter() - start
         if seconds > 5:  # it compiled: say where the time went
             print(f'mmdinomamba: built the native CPU kernels in {seconds:.0f} s (once per '
