@@ -252,7 +252,8 @@ def _native_self_check() -> str | None:
     dims = InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
     b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
     proj = torch.randn(b, length, dims.d_inner + c + h, generator=gen)  # [z, x, B, C, dt]
-    params = [torch.randn(2, c, dims.kernel, generator=gen) / 2, torch.randn(2, c, generator=gen) / 10,
+    params = [torch.randn(2, c, dims.kernel, generator=gen) / 2,
+              torch.randn(2, c, generator=gen) / 10,
               # direction 0's first head decays ~50 per token: computed one by one
               torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
               -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),

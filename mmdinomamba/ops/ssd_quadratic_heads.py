@@ -102,11 +102,11 @@ def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
     parts, cbs = [], cb.view(-1, *cb.shape[-2:])
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, r, b_idx, h_idx)
+        flat = _heads(cb, r, b_idx, g_idx)
         if native:
-            wt = native_cpu.wide_weights(m['hi'], cbs, _heads(cb, r, b_idx, g_idx), r,
-                                         transpose=True)
+            wt = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=True)
         else:
-            wt = (_decay(m['hi']) * cb[b_idx, r, g_idx]).transpose(-1, -2).contiguous()
+            wt = (_decay(m['hi']) * cbs.index_select(0, flat)).transpose(-1, -2).contiguous()
         ys = torch.matmul(m['xs'], wt)
         if m['el'] is not None:
             ys.mul_(m['el'].unsqueeze(-2))
@@ -141,7 +141,7 @@ def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide:
             W = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=False)
         else:
             E = _decay(m['hi'])
-            W = E * cb[b_idx, r, g_idx]
+            W = E * cbs.index_select(0, flat)
         dys = _take(dy, r, b_idx, h_idx)
         dys = dys if el is None else dys.mul_(el.unsqueeze(-2))
         dxs = torch.matmul(dys, W)
