@@ -47,10 +47,11 @@ class InnerDims:
         return self.d_inner // self.headdim
 
 
-def _channel_major(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """(b, L, c) (any strides) -> contiguous (b, c, L) in ``dtype``."""
+def _channel_major(t: Tensor, dtype: torch.dtype, native: bool = False) -> Tensor:
+    """(b, L, c) (any strides) -> contiguous (b, c, L) in ``dtype`` (``native``: the transposed
+    copy in the native kernel, :func:`.native_cpu.transpose_into`)."""
     out = t.new_empty(t.shape[0], t.shape[2], t.shape[1], dtype=dtype)
-    return out.copy_(t.transpose(1, 2))
+    return native_cpu.transpose_into(out, t, native)
 
 
 def softplus(x: Tensor) -> Tensor:
@@ -94,8 +95,8 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, 
     if weight is None:
         return torch.add(y[:, 0], y[:, 1], out=out).mul_(F.silu(z)).mul_(0.5)
     if native:
-        return out.copy_(native_cpu.merge_forward(y, z, weight.to(y.dtype), dims.ngroups,
-                                                  dims.eps))
+        merged = native_cpu.merge_forward(y, z, weight.to(y.dtype), dims.ngroups, dims.eps)
+        return native_cpu.transpose_into(out.transpose(1, 2), merged, native).transpose(1, 2)
     n = _norms(y, F.silu(z), dims.ngroups, dims.eps)[0].flatten(2, 3)
     w = weight.to(y.dtype).mul(0.5)
     torch.mul(n[:, 0], w[0, :, None], out=out)
@@ -129,15 +130,18 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
-                   dims: InnerDims, native: bool) -> tuple[Tensor, list]:
-    """Mixed output (b, L, d) in the compute dtype and what the backward pass needs."""
+                   dims: InnerDims, native: bool,
+                   out: Tensor | None = None) -> tuple[Tensor, list]:
+    """Mixed output (b, L, d) in the compute dtype (written into ``out`` if that has it) and
+    what the backward pass needs."""
     ct = torch.promote_types(proj.dtype, torch.float32)
     xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     dt = softplus(_dt(proj, dt_bias, dims, ct))
     y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native)
-    z = _channel_major(proj[..., :dims.d_inner], ct)
-    out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
+    z = _channel_major(proj[..., :dims.d_inner], ct, native)
+    if out is None or out.dtype != ct:
+        out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
     merge_forward(y.flatten(2, 3), z, norm_weight, dims, out.transpose(1, 2), native)
     # keep the scan's (b, R, g, r p, L) product and its small state; the conv is recomputed
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
@@ -149,7 +153,7 @@ def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: Inn
     """Padded channel-major conv input ``xp``, both directions' pre-activations (None from the
     native kernel, whose backward recomputes them) and their SiLU."""
     xp = pad_channel_major(proj[..., dims.d_inner:dims.d_inner + dims.conv_dim], dims.kernel,
-                           dtype)
+                           dtype, native)
     weight, bias = conv_weight.to(dtype), None if conv_bias is None else conv_bias.to(dtype)
     if native:
         return xp, None, native_cpu.conv_silu_forward(xp, weight, bias)
@@ -185,15 +189,16 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u).flatten(2, 3)
-    z = _channel_major(proj[..., :d], ct)
-    dy, dz, dnorm = merge_backward(_channel_major(dout, ct), y, z, norm_weight, dims, native)
+    z = _channel_major(proj[..., :d], ct, native)
+    dy, dz, dnorm = merge_backward(_channel_major(dout, ct, native), y, z, norm_weight, dims,
+                                   native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
     dx, dweight, dbias = _conv_backward(dact, xp, pre, conv_weight, conv_bias)
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
-    dproj[..., :d].copy_(dz.transpose(1, 2))
-    dproj[..., d:d + c].copy_(dx.transpose(1, 2))
+    native_cpu.transpose_into(dproj[..., :d], dz, native)
+    native_cpu.transpose_into(dproj[..., d:d + c], dx, native)
     dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
 
@@ -216,8 +221,9 @@ class _BidirInner(torch.autograd.Function):
         slices, kept = _batch_slices(proj, dims), []
         native = _use_native(proj, dims)
         for sl in slices:
-            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native)
-            out[sl] = out_sl
+            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, out[sl])
+            if out_sl.data_ptr() != out[sl].data_ptr():  # computed in another dtype
+                out[sl] = out_sl
             kept += kept_sl
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(proj, *params, *kept)

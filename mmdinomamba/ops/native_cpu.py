@@ -6,7 +6,10 @@ average, forward and backward, are element-wise work that the PyTorch compositio
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
 over cache-sized tiles. So do the kernels for the strongly decaying heads of the SSD scan in its
 quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
-and their gradients, one pass each instead of a dozen.
+and their gradients, one pass each instead of a dozen; and the transposed copies between the
+token-major projections and the channel-major layout of the mixer's inside
+(:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
+3-5x slower).
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and
@@ -38,7 +41,7 @@ from .variants import current_variant
 
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
-           'wide_weights', 'wide_grads']
+           'wide_weights', 'wide_grads', 'transpose_into']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -230,3 +233,16 @@ def wide_grads(dW: Tensor, hi: Tensor, t: Tensor, cb: Tensor, index: Tensor, dir
     in float64 (``t`` (N, L) like ``hi``)."""
     dS, pairs = _module().wide_grads(dW, hi, t, cb, index, direction, dcb)
     return dS, pairs
+
+
+def transpose_into(dst: Tensor, src: Tensor, native: bool = True) -> Tensor:
+    """``dst.copy_(src.transpose(1, 2))`` for 3-d ``dst`` (b, m, n) and ``src`` (b, n, m), and
+    returns ``dst``; with ``native`` (the caller's :func:`use_for`) in the native kernel when
+    both have ``dst``'s floating dtype and unit stride in their last dimension (views into wider
+    tensors are fine), else by PyTorch's copy (other dtypes are converted there)."""
+    if (native and dst.dtype == src.dtype and dst.dtype in (torch.float32, torch.float64)
+            and dst.stride(-1) == 1 and src.stride(-1) == 1
+            and dst.stride(1) >= dst.shape[2] and src.stride(1) >= src.shape[2]):
+        _module().transpose_into(dst, src)
+        return dst
+    return dst.copy_(src.transpose(1, 2))

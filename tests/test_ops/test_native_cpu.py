@@ -162,6 +162,46 @@ def test_wide_heads_bad_input_is_named():
         native_cpu.wide_grads(cb[:2], hi, hi, cb, index, 0, cb.clone())
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('b,m,n', [(3, 37, 53), (2, 197, 512), (1, 16, 16), (2, 5, 1)])
+def test_transpose_equals_the_strided_copy(dtype, b, m, n):
+    # full 16 x 16 register tiles, edge tiles, and views into wider tensors on both sides
+    gen = torch.Generator().manual_seed(0)
+    module = native_cpu.load()
+    src = torch.randn(b, n, m, generator=gen).to(dtype)
+    dst = torch.full((b, m, n), float('nan'), dtype=dtype)
+    module.transpose_into(dst, src)
+    assert torch.equal(dst, src.transpose(1, 2))
+    wide_src = torch.randn(b, n + 3, m + 7, generator=gen).to(dtype)
+    wide_dst = torch.zeros(b, m + 2, n + 9, dtype=dtype)
+    view_src, view_dst = wide_src[:, 2:2 + n, 3:3 + m], wide_dst[:, 1:1 + m, 4:4 + n]
+    module.transpose_into(view_dst, view_src)
+    assert torch.equal(view_dst, view_src.transpose(1, 2))
+    outside = torch.ones_like(wide_dst, dtype=torch.bool)
+    outside[:, 1:1 + m, 4:4 + n] = False
+    assert (wide_dst[outside] == 0).all()  # nothing written outside the view
+
+
+def test_transpose_falls_back_to_pytorchs_copy():
+    src = torch.randn(2, 9, 5)
+    for dst, source, native in [(torch.empty(2, 5, 9), src.bfloat16(), True),  # dtypes differ
+                                (torch.empty(2, 5, 9), src, False),  # switched off
+                                (torch.empty(2, 9, 5).transpose(1, 2), src, True)]:  # strides
+        out = native_cpu.transpose_into(dst, source, native)
+        assert out is dst
+        assert torch.equal(dst, source.transpose(1, 2).to(dst.dtype))
+
+
+def test_transpose_bad_input_is_named():
+    module = native_cpu.load()
+    with pytest.raises(RuntimeError, match='dst \(b, m, n\) and src \(b, n, m\)'):
+        module.transpose_into(torch.empty(2, 5, 9), torch.empty(2, 5, 9))
+    with pytest.raises(RuntimeError, match='dtypes differ'):
+        module.transpose_into(torch.empty(2, 5, 9), torch.empty(2, 9, 5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match='unit stride in their last dimension'):
+        module.transpose_into(torch.empty(2, 9, 5).transpose(1, 2), torch.empty(2, 9, 5))
+
+
 def _with_threads(n, fn):
     """``fn()`` with torch's intra-op thread count set to ``n``."""
     before = torch.get_num_threads()
@@ -200,7 +240,8 @@ def test_results_do_not_depend_on_the_thread_count():
                 native_cpu.merge_forward(y, z, nw, 2, 1e-5),
                 *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5),
                 native_cpu.wide_weights(hi, cb, index, 0, False),
-                *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb]
+                *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
+                native_cpu.transpose_into(torch.empty(6, 43, 40), xp)]
 
     for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
         assert torch.equal(one, two)
@@ -244,6 +285,26 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
     assert calls == ['conv_silu_forward', 'merge_forward', 'conv_silu_forward', 'merge_backward',
                      'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
+
+
+def test_fast_path_changes_layout_in_them(monkeypatch):
+    # every token-major <-> channel-major copy of the fast path (forward: the conv input, the
+    # gate, the output; backward: those two inputs again, the output gradient and the three
+    # input gradients' parts) goes to the native transpose, which takes it (same dtype, unit
+    # inner strides); with the kernels switched off, to PyTorch's copy
+    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    x = torch.randn(3, 23, 32, dtype=torch.float64)
+    module, calls = native_cpu.load(), []
+    taken = module.transpose_into
+    monkeypatch.setattr(module, 'transpose_into', lambda d, s: calls.append('native') or taken(d, s))
+    native = _grads(m, x)
+    assert calls == ['native'] * 8
+    calls.clear()
+    with fast_path_variant(native_cpu=False):
+        ops = _grads(m, x)
+    assert calls == []
+    for a, b in zip(native, ops):
+        assert torch.equal(a, b) or torch.allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
 def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):

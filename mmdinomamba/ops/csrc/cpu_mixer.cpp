@@ -1,9 +1,10 @@
 // Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu):
 // both directions' depthwise conv + SiLU, and the gated merge (both directions' gated RMSNorms
 // and their average), forward and backward; in the SSD scan's quadratic form, the strongly
-// decaying heads' (L, L) weights and their gradients. The PyTorch compositions they replace
-// (shift_conv.py, bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py) are the
-// specification.
+// decaying heads' (L, L) weights and their gradients; the transposed copies between the
+// token-major projections and the channel-major layout of all of these. The PyTorch compositions
+// they replace (shift_conv.py, bidir_inner.merge_forward / merge_backward,
+// ssd_quadratic_heads.py, Tensor.copy_ of a transposed view) are the specification.
 //
 // Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
 // filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
@@ -13,6 +14,10 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -539,6 +544,132 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
   return {dS, pairs};
 }
 
+// ---------------------------------------------------------------------------------------------
+// Transposed copies between the token-major projections (b, L, C) and the channel-major layout
+// of the kernels above (b, C, L): dst[b, i, j] = src[b, j, i]. PyTorch's strided copy reads or
+// writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
+// loaded row by row, transposed in registers and stored row by row. Edge tiles and doubles go
+// element by element (inside a tile, so both sides still stay in cache).
+constexpr int64_t TRANSPOSE_TILE = 16;
+
+template <typename T>
+inline void transpose_tile_scalar(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
+                                  int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) d[i * ds + j] = s[j * ss + i];
+}
+
+#if defined(__AVX512F__)
+// One 16 x 16 float tile: d[i * ds + j] = s[j * ss + i].
+inline void transpose_tile16(const float* s, int64_t ss, float* d, int64_t ds) {
+  __m512 r[16], t[16];
+  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(s + k * ss);
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int k = 0; k < 2; ++k) {
+    for (int q = 0; q < 4; ++q) {
+      t[8 * k + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0x88);
+      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0xDD);
+    }
+  }
+  for (int q = 0; q < 8; ++q) {
+    r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+    r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
+  }
+  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(d + k * ds, r[k]);
+}
+#elif defined(__AVX__)
+// One 8 x 8 float tile: d[i * ds + j] = s[j * ss + i].
+inline void transpose_tile8(const float* s, int64_t ss, float* d, int64_t ds) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + k * ss);
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    r[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int q = 0; q < 4; ++q) {
+    t[q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x20);
+    t[4 + q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x31);
+  }
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * ds, t[k]);
+}
+#endif
+
+// A TRANSPOSE_TILE x TRANSPOSE_TILE block (or its edge part: rows x cols) of dst.
+template <typename T>
+inline void transpose_block(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
+                            int64_t cols) {
+  transpose_tile_scalar(s, ss, d, ds, rows, cols);
+}
+
+template <>
+inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t ds,
+                                   int64_t rows, int64_t cols) {
+  if (rows == TRANSPOSE_TILE && cols == TRANSPOSE_TILE) {
+#if defined(__AVX512F__)
+    transpose_tile16(s, ss, d, ds);
+    return;
+#elif defined(__AVX__)
+    for (int64_t i = 0; i < TRANSPOSE_TILE; i += 8)
+      for (int64_t j = 0; j < TRANSPOSE_TILE; j += 8)
+        transpose_tile8(s + j * ss + i, ss, d + i * ds + j, ds);
+    return;
+#endif
+  }
+  transpose_tile_scalar(s, ss, d, ds, rows, cols);
+}
+
+template <typename T>
+void transpose_kernel(const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols,
+                      int64_t src_batch, int64_t src_row, int64_t dst_batch, int64_t dst_row) {
+  const int64_t row_tiles = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  at::parallel_for(0, batch * row_tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / row_tiles, i0 = (item % row_tiles) * TRANSPOSE_TILE;
+      const int64_t n_rows = std::min(TRANSPOSE_TILE, rows - i0);
+      for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
+        transpose_block(src + b * src_batch + j0 * src_row + i0, src_row,
+                        dst + b * dst_batch + i0 * dst_row + j0, dst_row, n_rows,
+                        std::min(TRANSPOSE_TILE, cols - j0));
+      }
+    }
+  });
+}
+
+// dst (b, m, n) = src (b, n, m) transposed, in place into dst; both with unit stride in their
+// last dimension (any batch and row strides: views into wider tensors), not overlapping.
+void transpose_into(at::Tensor& dst, const at::Tensor& src) {
+  TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu() && dst.dim() == 3 &&
+                  src.dim() == 3 && src.size(0) == dst.size(0) && src.size(1) == dst.size(2) &&
+                  src.size(2) == dst.size(1),
+              "native transpose: dst (b, m, n) and src (b, n, m) CPU tensors expected, got ",
+              dst.sizes(), " and ", src.sizes());
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type(), "native transpose: dtypes differ");
+  TORCH_CHECK((dst.stride(2) == 1 || dst.size(2) == 1) && (src.stride(2) == 1 || src.size(2) == 1),
+              "native transpose: both tensors need unit stride in their last dimension");
+  TORCH_CHECK(dst.stride(1) >= dst.size(2) && src.stride(1) >= src.size(2),
+              "native transpose: overlapping rows");
+  AT_DISPATCH_FLOATING_TYPES(dst.scalar_type(), "transpose_into", [&] {
+    transpose_kernel<scalar_t>(src.data_ptr<scalar_t>(), dst.data_ptr<scalar_t>(), dst.size(0),
+                               dst.size(1), dst.size(2), src.stride(0), src.stride(1),
+                               dst.stride(0), dst.stride(1));
+  });
+}
+
 // How many threads at::parallel_for spreads `items` work items over. at::parallel_for is a header
 // template: in a file compiled without OpenMP it runs every loop on the calling thread, so this
 // tells whether the kernels above really run in parallel.
@@ -563,6 +694,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("transpose_into", &transpose_into,
+        "dst (b, m, n) = src (b, n, m) transposed (unit stride in the last dimension of both)");
   m.def("parallel_threads", &parallel_threads,
         "how many threads at::parallel_for spreads `items` work items over");
 }
