@@ -188,7 +188,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
     xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
-    y = st.output(u).flatten(2, 3)
+    y = st.output(u, native).flatten(2, 3)
     z = _channel_major(proj[..., :d], ct, native)
     dy, dz, dnorm = merge_backward(_channel_major(dout, ct, native), y, z, norm_weight, dims,
                                    native)

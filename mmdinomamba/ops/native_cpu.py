@@ -6,7 +6,8 @@ average, forward and backward, are element-wise work that the PyTorch compositio
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
 over cache-sized tiles. So do the kernels for the strongly decaying heads of the SSD scan in its
 quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
-and their gradients, one pass each instead of a dozen; and the transposed copies between the
+and their gradients, one pass each instead of a dozen, and the element-wise work around the
+scan's matrix products; and the transposed copies between the
 token-major projections and the channel-major layout of the mixer's inside
 (:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
 3-5x slower).
@@ -41,7 +42,8 @@ from .variants import current_variant
 
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
-           'wide_weights', 'wide_grads', 'transpose_into']
+           'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
+           'scan_backward_pointwise', 'transpose_into']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -246,3 +248,34 @@ def transpose_into(dst: Tensor, src: Tensor, native: bool = True) -> Tensor:
         _module().transpose_into(dst, src)
         return dst
     return dst.copy_(src.transpose(1, 2))
+
+
+def planes_fit(*tensors: Tensor) -> bool:
+    """Whether (b, R, h, p, L) tensors suit the scan's element-wise kernels: float32 / float64,
+    one dtype, contiguous (p, L) planes (any strides outside them)."""
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(
+        t.dtype == dtype and t.dim() == 5 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
+        for t in tensors)
+
+
+def scale_tokens(x: Tensor, s: Tensor) -> Tensor:
+    """``x * s.unsqueeze(-2)`` of ``x`` (b, R, h, p, L) (:func:`planes_fit`) and the per-token
+    ``s`` (b, R, h, L), a new contiguous tensor."""
+    return _module().scale_tokens(x, s.contiguous())
+
+
+def scan_output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor) -> Tensor:
+    """``ys * row.unsqueeze(-2) + x * diag.unsqueeze(-2)`` (the quadratic SSD scan's output
+    from its product ``ys``), a new contiguous tensor; shapes as in :func:`scale_tokens`."""
+    return _module().scan_output(ys, row.contiguous(), x, diag.contiguous())
+
+
+def scan_backward_pointwise(dxs: Tensor, x: Tensor, dy: Tensor, dys: Tensor, ys: Tensor,
+                            s: Tensor, diag: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The quadratic SSD scan's backward element-wise work in one pass: writes ``dxs * s + dy *
+    diag`` (per-token ``s`` and ``diag``) over the contiguous ``dxs`` and returns the per-token
+    sums over the channels ``p`` of ``dxs * x``, ``dys * ys`` and ``dy * x`` (b, R, h, L)."""
+    dxs_x, dys_ys, dy_x = _module().scan_backward_pointwise(dxs, x, dy, dys, ys, s.contiguous(),
+                                                           diag.contiguous())
+    return dxs_x, dys_ys, dy_x

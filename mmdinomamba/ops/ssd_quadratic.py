@@ -66,17 +66,17 @@ class ScanState:
     ys: Tensor
     y_wide: Tensor | None = None
 
-    def output(self, x: Tensor) -> Tensor:
-        """``y`` of :func:`scan_forward` again, from this state and ``x`` (b, R, h, p, L)."""
-        y = self.ys.view(x.shape) * self.row.unsqueeze(-2)
-        y.addcmul_(x, self.diag.unsqueeze(-2))
+    def output(self, x: Tensor, native: bool = False) -> Tensor:
+        """``y`` of :func:`scan_forward` again, from this state and ``x`` (b, R, h, p, L)
+        (``native`` as there)."""
+        y = _output(self.ys.view(x.shape), self.row, x, self.diag, native)
         if self.y_wide is not None:
             heads.add_saved(y, self.y_wide, self.wide)
         return y
 
-    def scanned(self, x: Tensor, dt: Tensor) -> Tensor:
+    def scanned(self, x: Tensor, dt: Tensor, native: bool = False) -> Tensor:
         """The factored path's scanned values ``x dt col`` (b, R, g, r p, L)."""
-        return _grouped(x * (dt * self.col).unsqueeze(-2), self.cb.shape[2])
+        return _grouped(_scaled(x, dt * self.col, native), self.cb.shape[2])
 
 
 def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -98,6 +98,21 @@ def _group_products(B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
     return mask_triangles(cb), cb_diag
 
 
+def _scaled(x: Tensor, s: Tensor, native: bool) -> Tensor:
+    """``x * s.unsqueeze(-2)``: (b, R, h, p, L) times a per-token scale (b, R, h, L); ``native``:
+    in the native kernel where ``x`` suits it."""
+    if native and native_cpu.planes_fit(x):
+        return native_cpu.scale_tokens(x, s)
+    return x * s.unsqueeze(-2)
+
+
+def _output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor, native: bool) -> Tensor:
+    """``y = ys row + x diag`` from the factored path's product ``ys`` (b, R, h, p, L)."""
+    if native and native_cpu.planes_fit(ys, x):
+        return native_cpu.scan_output(ys, row, x, diag)
+    return (ys * row.unsqueeze(-2)).addcmul_(x, diag.unsqueeze(-2))
+
+
 def _grouped(t: Tensor, groups: int) -> Tensor:
     """(b, R, h, p, L) -> (b, R, g, r p, L) (a view: the heads of a group side by side)."""
     return t.flatten(2, 3).unflatten(2, (groups, -1))
@@ -106,18 +121,17 @@ def _grouped(t: Tensor, groups: int) -> Tensor:
 def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
                  native: bool = False) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
-    state for :func:`scan_backward`; ``native``: the strongly decaying heads' element-wise work
-    in the native CPU kernels (:mod:`.native_cpu`)."""
+    state for :func:`scan_backward`; ``native``: the element-wise work around the matrix
+    products and the strongly decaying heads' in the native CPU kernels (:mod:`.native_cpu`)."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A)
     cb, cb_diag = _group_products(B, C)
-    xs = _grouped(x * (dt * col).unsqueeze(-2), g)
+    xs = _grouped(_scaled(x, dt * col, native), g)
     ys = apply_masked(xs, cb)
-    y = ys.view(x.shape) * row.unsqueeze(-2)
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
         diag.add_(D[..., None])
-    y.addcmul_(x, diag.unsqueeze(-2))
+    y = _output(ys.view(x.shape), row, x, diag, native)
     y_wide = heads.add_forward(y, x, dt, S, cb, wide, native) if wide.any() else None
     return y, ScanState(S, row, col, wide, cb, cb_diag, diag, ys, y_wide)
 
@@ -132,16 +146,22 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         ``dD`` (R, h) or None.
     """
     g = B.shape[2]
-    xs = st.scanned(x, dt)
-    dys = _grouped(dy * st.row.unsqueeze(-2), g)
-    dxs = apply_masked_t(dys, st.cb).view(x.shape)
-    dcb = masked_outer(dys, xs)
-    scratch = torch.empty_like(dy)
-    dxs_x = _dot(dxs, x, scratch)  # through xs = x dt col: the dt and S factors of column j
-    # S_i enters y_i through row_i (+) and x_i through col_i (-)
-    dS = _dot(dys.view(x.shape), st.ys.view(x.shape), scratch).sub_(dxs_x * dt * st.col)
-    q = _dot(dy, x, scratch)  # (b, R, h, L) through the diagonal scale
-    dx = dxs.mul_((dt * st.col).unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+    xs = st.scanned(x, dt, native)
+    dys = _scaled(dy, st.row, native)
+    dys_g = _grouped(dys, g)
+    dxs = apply_masked_t(dys_g, st.cb).view(x.shape)
+    dcb = masked_outer(dys_g, xs)
+    s, ys = dt * st.col, st.ys.view(x.shape)
+    # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
+    # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
+    if native and native_cpu.planes_fit(x, dy, dys, ys):
+        dxs_x, dys_ys, q = native_cpu.scan_backward_pointwise(dxs, x, dy, dys, ys, s, st.diag)
+        dx = dxs
+    else:
+        scratch = torch.empty_like(dxs)
+        dxs_x, dys_ys, q = _dot(dxs, x, scratch), _dot(dys, ys, scratch), _dot(dy, x, scratch)
+        dx = dxs.mul_(s.unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+    dS = dys_ys.sub_(dxs_x * s)
     ddt = dxs_x.mul_(st.col)
     ddt += (q.unflatten(2, (g, -1)) * st.cb_diag.unsqueeze(3)).flatten(2, 3)
     dA_wide = None

@@ -1,5 +1,6 @@
-"""The native CPU kernels (conv + SiLU, gated merge) == the PyTorch compositions they replace
-(forward and backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
+"""The native CPU kernels (conv + SiLU, gated merge, the scan's strongly decaying heads and
+element-wise work, transposed copies) == the PyTorch compositions they replace (forward and
+backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
 they cannot be built or are switched off."""
 import math
 import warnings
@@ -182,6 +183,48 @@ def test_transpose_equals_the_strided_copy(dtype, b, m, n):
     assert (wide_dst[outside] == 0).all()  # nothing written outside the view
 
 
+def _scan_operands(dtype, gen, shape=(3, 2, 4, 5, 37)):
+    """(b, R, h, p, L) operands of the scan's element-wise kernels, ``x`` a view with contiguous
+    (p, L) planes inside a wider tensor (as the conv output's channels are)."""
+    x = torch.randn(shape[0], shape[1], shape[2] * shape[3] + 6, shape[4],
+                    generator=gen).to(dtype)[:, :, 3:3 + shape[2] * shape[3]].unflatten(2, shape[2:4])
+    big = [torch.randn(shape, generator=gen).to(dtype) for _ in range(4)]
+    small = [torch.randn(*shape[:3], shape[4], generator=gen).to(dtype) for _ in range(2)]
+    return x, big, small
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_scan_pointwise_kernels_equal_the_composition(dtype, tol):
+    x, (dy, dys, ys, dxs), (s, diag) = _scan_operands(dtype, torch.Generator().manual_seed(0))
+    assert not x.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys)
+
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+    close(native_cpu.scale_tokens(x, s), x * s.unsqueeze(-2))
+    close(native_cpu.scan_output(ys, s, x, diag),
+          ys * s.unsqueeze(-2) + x * diag.unsqueeze(-2))
+    dx = dxs.clone()
+    sums = native_cpu.scan_backward_pointwise(dx, x, dy, dys, ys, s, diag)
+    close(dx, dxs * s.unsqueeze(-2) + dy * diag.unsqueeze(-2))
+    for got, want in zip(sums, [(dxs * x).sum(-2), (dys * ys).sum(-2), (dy * x).sum(-2)]):
+        close(got, want)
+
+
+def test_scan_pointwise_bad_input_is_named():
+    x, (dy, dys, ys, dxs), (s, diag) = _scan_operands(torch.float32, torch.Generator())
+    with pytest.raises(RuntimeError, match='ys must be a \(b, R, h, p, L\) CPU tensor like x'):
+        native_cpu.scan_output(ys.transpose(-1, -2).contiguous().transpose(-1, -2), s, x, diag)
+    with pytest.raises(RuntimeError, match='dy must be a \(b, R, h, p, L\) CPU tensor like x'):
+        native_cpu.scan_backward_pointwise(dxs, x, dy.double(), dys, ys, s, diag)
+    with pytest.raises(RuntimeError, match='s must be a contiguous \(b, R, h, L\) tensor'):
+        native_cpu.scale_tokens(x, s[..., :5])
+    with pytest.raises(RuntimeError, match='dxs must be a contiguous tensor like x'):
+        native_cpu.scan_backward_pointwise(x, x, dy, dys, ys, s, diag)
+    assert not native_cpu.planes_fit(x.transpose(-1, -2))
+    assert not native_cpu.planes_fit(x, dy.bfloat16())
+
+
 def test_transpose_falls_back_to_pytorchs_copy():
     src = torch.randn(2, 9, 5)
     for dst, source, native in [(torch.empty(2, 5, 9), src.bfloat16(), True),  # dtypes differ
@@ -232,6 +275,7 @@ def test_results_do_not_depend_on_the_thread_count():
     hi, index, cb = _wide_inputs(torch.float32)
     dW = torch.randn(5, 37, 37, generator=gen)
     t = torch.rand(5, 37, generator=gen).cumsum(-1)
+    sx, (sdy, sdys, sys_, sdxs), (ss, sd) = _scan_operands(torch.float32, gen)
 
     def run():
         dcb = torch.zeros_like(cb)
@@ -241,7 +285,9 @@ def test_results_do_not_depend_on_the_thread_count():
                 *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5),
                 native_cpu.wide_weights(hi, cb, index, 0, False),
                 *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
-                native_cpu.transpose_into(torch.empty(6, 43, 40), xp)]
+                native_cpu.transpose_into(torch.empty(6, 43, 40), xp),
+                native_cpu.scale_tokens(sx, ss), native_cpu.scan_output(sys_, ss, sx, sd),
+                *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd)]
 
     for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
         assert torch.equal(one, two)
@@ -279,11 +325,13 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     x = torch.randn(3, 23, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
-                                  'merge_backward'))
+                                  'merge_backward', 'scale_tokens', 'scan_output',
+                                  'scan_backward_pointwise'))
     native = _grads(m, x)
-    # forward; conv recomputed in the backward pass
-    assert calls == ['conv_silu_forward', 'merge_forward', 'conv_silu_forward', 'merge_backward',
-                     'conv_silu_backward']
+    # forward; conv and the scan's output recomputed in the backward pass
+    assert calls == ['conv_silu_forward', 'scale_tokens', 'scan_output', 'merge_forward',
+                     'conv_silu_forward', 'scan_output', 'merge_backward', 'scale_tokens',
+                     'scale_tokens', 'scan_backward_pointwise', 'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 
 

@@ -1,10 +1,11 @@
 // Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu):
 // both directions' depthwise conv + SiLU, and the gated merge (both directions' gated RMSNorms
 // and their average), forward and backward; in the SSD scan's quadratic form, the strongly
-// decaying heads' (L, L) weights and their gradients; the transposed copies between the
-// token-major projections and the channel-major layout of all of these. The PyTorch compositions
-// they replace (shift_conv.py, bidir_inner.merge_forward / merge_backward,
-// ssd_quadratic_heads.py, Tensor.copy_ of a transposed view) are the specification.
+// decaying heads' (L, L) weights and their gradients, and the element-wise work around its matrix
+// products; the transposed copies between the token-major projections and the channel-major
+// layout of all of these. The PyTorch compositions they replace (shift_conv.py,
+// bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py, ssd_quadratic.py,
+// Tensor.copy_ of a transposed view) are the specification.
 //
 // Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
 // filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
@@ -545,6 +546,173 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Element-wise work of the SSD scan's quadratic form around its matrix products (ssd_quadratic.py):
+// per-token scales of (b, R, h, p, L) tensors, and the backward pass's per-token sums over the p
+// channels of a head, in one pass over each operand instead of one per PyTorch operation (whose
+// broadcast over p also runs 2-3x slower than a plain product). Operands: (b, R, h, p, L)
+// tensors with contiguous (p, L) planes (views into the conv output are fine) and contiguous
+// (b, R, h, L) per-token tensors. Each (b, R, h) plane is one thread's: results do not depend on
+// the thread count.
+struct Planes {
+  int64_t batch, dirs, heads, channels, length, s0, s1, s2;
+
+  explicit Planes(const at::Tensor& t)
+      : batch(t.size(0)), dirs(t.size(1)), heads(t.size(2)), channels(t.size(3)),
+        length(t.size(4)), s0(t.stride(0)), s1(t.stride(1)), s2(t.stride(2)) {}
+
+  int64_t units() const { return batch * dirs * heads; }
+  // Offset of plane n (in (b, R, h) order) in a tensor with these strides.
+  int64_t offset(int64_t n) const {
+    return (n / (dirs * heads)) * s0 + ((n / heads) % dirs) * s1 + (n % heads) * s2;
+  }
+};
+
+void check_planes(const at::Tensor& t, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 5 && t.sizes() == x.sizes() &&
+                  t.scalar_type() == x.scalar_type() && t.stride(4) == 1 &&
+                  t.stride(3) == t.size(4),
+              "native scan: ", name, " must be a (b, R, h, p, L) CPU tensor like x (",
+              x.sizes(), ", ", x.scalar_type(), ") with contiguous (p, L) planes, got ",
+              t.sizes(), " with strides ", t.strides(), ", ", t.scalar_type());
+}
+
+void check_tokens(const at::Tensor& t, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(t.dim() == 4 && t.size(0) == x.size(0) && t.size(1) == x.size(1) &&
+                  t.size(2) == x.size(2) && t.size(3) == x.size(4) && t.is_contiguous() &&
+                  t.scalar_type() == x.scalar_type(),
+              "native scan: ", name, " must be a contiguous (b, R, h, L) tensor of x's dtype, got ",
+              t.sizes());
+}
+
+template <typename T>
+void scale_tokens_kernel(const T* x, const Planes& px, const T* s, T* out) {
+  const int64_t L = px.length, plane = px.channels * L;
+  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* xn = x + px.offset(n);
+      const T* sn = s + n * L;
+      T* on = out + n * plane;
+      for (int64_t c = 0; c < px.channels; ++c) {
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) on[c * L + l] = xn[c * L + l] * sn[l];
+      }
+    }
+  });
+}
+
+template <typename T>
+void scan_output_kernel(const T* ys, const Planes& pys, const T* row, const T* x,
+                        const Planes& px, const T* diag, T* out) {
+  const int64_t L = px.length, plane = px.channels * L;
+  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* yn = ys + pys.offset(n);
+      const T* xn = x + px.offset(n);
+      const T* rn = row + n * L;
+      const T* dn = diag + n * L;
+      T* on = out + n * plane;
+      for (int64_t c = 0; c < px.channels; ++c) {
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l)
+          on[c * L + l] = yn[c * L + l] * rn[l] + xn[c * L + l] * dn[l];
+      }
+    }
+  });
+}
+
+// dx = dxs s + dy diag written over dxs; per token: sum_p dxs x, sum_p dys ys, sum_p dy x.
+template <typename T>
+void scan_backward_pointwise_kernel(T* dxs, const T* x, const Planes& px, const T* dy,
+                                    const Planes& pdy, const T* dys, const Planes& pdys,
+                                    const T* ys, const Planes& pys, const T* s, const T* diag,
+                                    T* dxs_x, T* dys_ys, T* dy_x) {
+  const int64_t L = px.length, plane = px.channels * L;
+  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* gn = dxs + n * plane;
+      const T* xn = x + px.offset(n);
+      const T* dyn = dy + pdy.offset(n);
+      const T* dysn = dys + pdys.offset(n);
+      const T* ysn = ys + pys.offset(n);
+      const T* sn = s + n * L;
+      const T* dn = diag + n * L;
+      T* a = dxs_x + n * L;
+      T* b = dys_ys + n * L;
+      T* q = dy_x + n * L;
+      std::fill(a, a + L, T(0));
+      std::fill(b, b + L, T(0));
+      std::fill(q, q + L, T(0));
+      for (int64_t c = 0; c < px.channels; ++c) {
+        const int64_t o = c * L;
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) {
+          const T g = gn[o + l], xv = xn[o + l], dv = dyn[o + l];
+          a[l] += g * xv;
+          b[l] += dysn[o + l] * ysn[o + l];
+          q[l] += dv * xv;
+          gn[o + l] = g * sn[l] + dv * dn[l];
+        }
+      }
+    }
+  });
+}
+
+at::Tensor scale_tokens(const at::Tensor& x, const at::Tensor& s) {
+  check_planes(x, x, "x");
+  check_tokens(s, x, "s");
+  auto out = at::empty(x.sizes(), x.options());
+  const Planes px(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scale_tokens", [&] {
+    scale_tokens_kernel<scalar_t>(x.data_ptr<scalar_t>(), px, s.data_ptr<scalar_t>(),
+                                  out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+at::Tensor scan_output(const at::Tensor& ys, const at::Tensor& row, const at::Tensor& x,
+                       const at::Tensor& diag) {
+  check_planes(x, x, "x");
+  check_planes(ys, x, "ys");
+  check_tokens(row, x, "row");
+  check_tokens(diag, x, "diag");
+  auto out = at::empty(x.sizes(), x.options());
+  const Planes px(x), pys(ys);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_output", [&] {
+    scan_output_kernel<scalar_t>(ys.data_ptr<scalar_t>(), pys, row.data_ptr<scalar_t>(),
+                                 x.data_ptr<scalar_t>(), px, diag.data_ptr<scalar_t>(),
+                                 out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+std::vector<at::Tensor> scan_backward_pointwise(at::Tensor& dxs, const at::Tensor& x,
+                                                const at::Tensor& dy, const at::Tensor& dys,
+                                                const at::Tensor& ys, const at::Tensor& s,
+                                                const at::Tensor& diag) {
+  check_planes(x, x, "x");
+  check_planes(dy, x, "dy");
+  check_planes(dys, x, "dys");
+  check_planes(ys, x, "ys");
+  TORCH_CHECK(dxs.sizes() == x.sizes() && dxs.is_contiguous() &&
+                  dxs.scalar_type() == x.scalar_type(),
+              "native scan: dxs must be a contiguous tensor like x");
+  check_tokens(s, x, "s");
+  check_tokens(diag, x, "diag");
+  const std::vector<int64_t> tokens{x.size(0), x.size(1), x.size(2), x.size(4)};
+  auto dxs_x = at::empty(tokens, x.options()), dys_ys = at::empty(tokens, x.options());
+  auto dy_x = at::empty(tokens, x.options());
+  const Planes px(x), pdy(dy), pdys(dys), pys(ys);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_backward_pointwise", [&] {
+    scan_backward_pointwise_kernel<scalar_t>(
+        dxs.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), px, dy.data_ptr<scalar_t>(), pdy,
+        dys.data_ptr<scalar_t>(), pdys, ys.data_ptr<scalar_t>(), pys, s.data_ptr<scalar_t>(),
+        diag.data_ptr<scalar_t>(), dxs_x.data_ptr<scalar_t>(), dys_ys.data_ptr<scalar_t>(),
+        dy_x.data_ptr<scalar_t>());
+  });
+  return {dxs_x, dys_ys, dy_x};
+}
+
+// ---------------------------------------------------------------------------------------------
 // Transposed copies between the token-major projections (b, L, C) and the channel-major layout
 // of the kernels above (b, C, L): dst[b, i, j] = src[b, j, i]. PyTorch's strided copy reads or
 // writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
@@ -694,6 +862,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("scale_tokens", &scale_tokens,
+        "x (b, R, h, p, L) times the per-token s (b, R, h, L), broadcast over p");
+  m.def("scan_output", &scan_output, "ys * row + x * diag (per-token row and diag)");
+  m.def("scan_backward_pointwise", &scan_backward_pointwise,
+        "dxs <- dxs s + dy diag in place; returns the per-token sums over p of dxs x, dys ys, "
+        "dy x");
   m.def("transpose_into", &transpose_into,
         "dst (b, m, n) = src (b, n, m) transposed (unit stride in the last dimension of both)");
   m.def("parallel_threads", &parallel_threads,
