@@ -186,8 +186,9 @@ def test_transpose_equals_the_strided_copy(dtype, b, m, n):
 def _scan_operands(dtype, gen, shape=(3, 2, 4, 5, 37)):
     """(b, R, h, p, L) operands of the scan's element-wise kernels, ``x`` a view with contiguous
     (p, L) planes inside a wider tensor (as the conv output's channels are)."""
-    x = torch.randn(shape[0], shape[1], shape[2] * shape[3] + 6, shape[4],
-                    generator=gen).to(dtype)[:, :, 3:3 + shape[2] * shape[3]].unflatten(2, shape[2:4])
+    channels = shape[2] * shape[3]
+    wide = torch.randn(shape[0], shape[1], channels + 6, shape[4], generator=gen).to(dtype)
+    x = wide[:, :, 3:3 + channels].unflatten(2, shape[2:4])
     big = [torch.randn(shape, generator=gen).to(dtype) for _ in range(4)]
     small = [torch.randn(*shape[:3], shape[4], generator=gen).to(dtype) for _ in range(2)]
     return x, big, small
@@ -344,7 +345,8 @@ def test_fast_path_changes_layout_in_them(monkeypatch):
     x = torch.randn(3, 23, 32, dtype=torch.float64)
     module, calls = native_cpu.load(), []
     taken = module.transpose_into
-    monkeypatch.setattr(module, 'transpose_into', lambda d, s: calls.append('native') or taken(d, s))
+    monkeypatch.setattr(module, 'transpose_into',
+                        lambda d, s: calls.append('native') or taken(d, s))
     native = _grads(m, x)
     assert calls == ['native'] * 8
     calls.clear()
