@@ -82,27 +82,31 @@ void forward_kernel(const T* xp, const T* weight, const T* bias, T* act, int64_t
 }
 
 // d(pre) of direction D into g[t + K - 1] (g zero-padded by K - 1 on both sides); adds the
-// row's filter and bias gradients to dw[0..K) and *db.
+// row's filter and bias gradients to dw[0..K) and *db, in the same pass (the taps' inputs are
+// loaded for the pre-activation anyway).
 template <int D, int K, typename T>
 void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
               int64_t length) {
-  T accb = 0;
-#pragma omp simd reduction(+ : accb)
+  T accb = 0, a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : accb, a0, a1, a2, a3)
   for (int64_t t = 0; t < length; ++t) {
-    const T p = pre_activation<D, K>(x, w, bias, t);
+    T xs[K];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) xs[k] = x[t + (D == 0 ? k : 2 * (K - 1) - k)];
+    T p = bias;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) p += w[k] * xs[k];
     const T e = exp_neg(p);
     const T q = dact[t] * silu_grad(p, e, T(1) / (T(1) + e));
     g[t + K - 1] = q;
     accb += q;
+    a0 += q * xs[0];
+    if constexpr (K > 1) a1 += q * xs[1];
+    if constexpr (K > 2) a2 += q * xs[2];
+    if constexpr (K > 3) a3 += q * xs[3];
   }
-  // the row is in cache now: one reduction per tap
-  for (int k = 0; k < K; ++k) {
-    const int64_t off = D == 0 ? k : 2 * (K - 1) - k;
-    T a = 0;
-#pragma omp simd reduction(+ : a)
-    for (int64_t t = 0; t < length; ++t) a += g[t + K - 1] * x[t + off];
-    dw[k] += a;
-  }
+  const T a[4] = {a0, a1, a2, a3};
+  for (int k = 0; k < K; ++k) dw[k] += a[k];
   *db += accb;
 }
 
@@ -110,21 +114,23 @@ template <int K, typename T>
 void backward_kernel(const T* xp, const T* weight, const T* bias, const T* dact, T* dx, T* dw,
                      T* db, int64_t batch, int64_t channels, int64_t length) {
   const int64_t padded = length + 2 * (K - 1);
-  // channels in parallel, the batch inside: each thread owns its channels' filter gradients
+  // channels in parallel: each thread owns its channels' filter gradients; inside, the batch
+  // outer and the thread's channels inner, so that each sample's rows are read in memory order
   at::parallel_for(0, channels, 4, [&](int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
     std::vector<T> g0(length + 2 * (K - 1), T(0)), g1(length + 2 * (K - 1), T(0));
-    for (int64_t c = begin; c < end; ++c) {
-      const T* w0 = weight + c * K;
-      const T* w1 = weight + (channels + c) * K;
-      const T b0 = bias ? bias[c] : T(0), b1 = bias ? bias[channels + c] : T(0);
-      T dw0[K] = {}, dw1[K] = {};
-      T db0 = 0, db1 = 0;
-      for (int64_t b = 0; b < batch; ++b) {
+    std::vector<T> dws(2 * n * K, T(0)), dbs(2 * n, T(0));  // direction-major
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t i = c - begin;
+        const T* w0 = weight + c * K;
+        const T* w1 = weight + (channels + c) * K;
         const T* x = xp + (b * channels + c) * padded;
-        grad_row<0, K>(x, w0, b0, dact + (b * 2 * channels + c) * length, g0.data(), dw0, &db0,
-                       length);
-        grad_row<1, K>(x, w1, b1, dact + ((b * 2 + 1) * channels + c) * length, g1.data(), dw1,
-                       &db1, length);
+        grad_row<0, K>(x, w0, bias ? bias[c] : T(0), dact + (b * 2 * channels + c) * length,
+                       g0.data(), dws.data() + i * K, dbs.data() + i, length);
+        grad_row<1, K>(x, w1, bias ? bias[channels + c] : T(0),
+                       dact + ((b * 2 + 1) * channels + c) * length, g1.data(),
+                       dws.data() + (n + i) * K, dbs.data() + n + i, length);
         // input token s sits at padded index s + K - 1: direction 0's tap k read it at
         // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
         T* out = dx + (b * channels + c) * length;
@@ -138,13 +144,16 @@ void backward_kernel(const T* xp, const T* weight, const T* bias, const T* dact,
           out[s] = v;
         }
       }
+    }
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t i = c - begin;
       for (int k = 0; k < K; ++k) {
-        dw[c * K + k] = dw0[k];
-        dw[(channels + c) * K + k] = dw1[k];
+        dw[c * K + k] = dws[i * K + k];
+        dw[(channels + c) * K + k] = dws[(n + i) * K + k];
       }
       if (db) {
-        db[c] = db0;
-        db[channels + c] = db1;
+        db[c] = dbs[i];
+        db[channels + c] = dbs[n + i];
       }
     }
   });
