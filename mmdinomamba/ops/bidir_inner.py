@@ -204,14 +204,11 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
 
 
 def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:
-    """Batch slices of at most about ``_SLICE_FLOATS`` conv outputs each, of near-equal sizes
-    (64 samples in two slices of 32, not 50 and 14): the (b, 2, C, L) temporaries of a slice
-    stay in cache, and elementwise work on CPU is bound by memory traffic."""
+    """Batch slices of about ``_SLICE_FLOATS`` conv outputs each: the (b, 2, C, L) temporaries
+    of a slice stay in cache, and elementwise work on CPU is bound by memory traffic."""
     batch, length = proj.shape[:2]
     step = max(1, _SLICE_FLOATS // (2 * dims.conv_dim * length))
-    count = -(-batch // step)
-    bounds = [round(i * batch / count) for i in range(count + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
 
 
 class _BidirInner(torch.autograd.Function):

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import (InnerDims, bidir_causal_conv1d, bidir_inner, bidir_ssd_inner,
-                             fast_path_variant)
+from mmdinomamba.ops import bidir_causal_conv1d, bidir_inner, bidir_ssd_inner, fast_path_variant
 from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
                                         pad_channel_major)
 
@@ -43,18 +42,6 @@ def test_fast_path_equals_specification_float64(kw, monkeypatch):
     names = ['y', 'x'] + [n for n, _ in m.named_parameters()]
     for name, a, b in zip(names, fast, spec):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
-
-
-@pytest.mark.parametrize('batch,length,count', [(64, 65, 2), (128, 17, 1), (40, 197, 3),
-                                                 (33, 197, 3), (1, 4000, 1)])
-def test_batch_slices_cover_the_batch_in_near_equal_parts(batch, length, count):
-    dims = InnerDims(d_inner=128, ngroups=1, d_state=16, headdim=16, kernel=4)  # 160 channels
-    slices = bidir_inner._batch_slices(torch.empty(batch, length, 1), dims)
-    sizes = [s.stop - s.start for s in slices]
-    assert len(slices) == count and slices[0].start == 0 and slices[-1].stop == batch
-    assert all(a.stop == b.start for a, b in zip(slices, slices[1:]))
-    assert max(sizes) - min(sizes) <= 1
-    assert max(sizes) == 1 or max(sizes) * 2 * 160 * length <= bidir_inner._SLICE_FLOATS
 
 
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])
