@@ -6,11 +6,11 @@ average, forward and backward, are element-wise work that the PyTorch compositio
 memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
 over cache-sized tiles. So do the kernels for the strongly decaying heads of the SSD scan in its
 quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
-and their gradients, one pass each instead of a dozen, and the element-wise work around the
-scan's matrix products; and the transposed copies between the
-token-major projections and the channel-major layout of the mixer's inside
-(:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
-3-5x slower).
+and their gradients, one pass each instead of a dozen; so does the element-wise work around the
+scan's matrix products (:func:`scale_tokens`, :func:`scan_output`,
+:func:`scan_backward_pointwise`); and so do the copies between the token-major projections and
+the channel-major inside of the mixer (:func:`transpose_into`, in register tiles: PyTorch's
+strided copy of a transposed view runs 3-5x slower).
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and

@@ -154,7 +154,7 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     s, ys = dt * st.col, st.ys.view(x.shape)
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
-    if native and native_cpu.planes_fit(x, dy, dys, ys):
+    if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
         dxs_x, dys_ys, q = native_cpu.scan_backward_pointwise(dxs, x, dy, dys, ys, s, st.diag)
         dx = dxs
     else:

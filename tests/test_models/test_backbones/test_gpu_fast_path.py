@@ -125,6 +125,8 @@ def test_fast_path_matches_portable_in_triton_interpreter(run_interpreted):
 
 
 _LAZY_INTERPRETED = textwrap.dedent('''
+    import copy
+
     import torch
     import kernel_interpreter
     from mmdinomamba.models.backbones import DinoVim
@@ -137,6 +139,11 @@ _LAZY_INTERPRETED = textwrap.dedent('''
     x, w = torch.randn(2, 3, 64, 48), torch.randn(2, 128)
     for with_cp, compiled in ((True, False), (False, False), (False, True)):
         model = DinoVim(**cfg, with_cp=with_cp).train()
+        model64 = copy.deepcopy(model).double()
+        with portable_ops():
+            out = model64(x.double())
+            (torch.cat([o.flatten(1) for o in out], 1) * w.double()).sum().backward()
+        ref = [o.detach() for o in out] + [p.grad.clone() for p in model64.parameters()]
         res = []
         for portable in (True, False):
             if not portable:  # first lookups (and self-checks) inside this training step
@@ -148,16 +155,19 @@ _LAZY_INTERPRETED = textwrap.dedent('''
                 (torch.cat([o.flatten(1) for o in out], 1) * w).sum().backward()
             res.append([o.detach() for o in out] + [p.grad.clone() for p in model.parameters()])
         used = sorted(k for k, v in _triton._cache.items() if v is not None)
-        worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(*res))
-        print('CASE', with_cp, compiled, 'USED', used, 'WORST', worst)
+        # the largest relative error of any output or gradient against the float64 portable
+        # path: kernels, then the float32 portable path
+        worst = [max(((a.double() - r).norm() / r.norm()).item() for a, r in zip(got, ref))
+                 for got in (res[1], res[0])]
+        print('CASE', with_cp, compiled, 'USED', used, 'WORST', *worst)
 ''')
 
 
 def test_first_kernel_use_inside_a_training_step(run_interpreted):
     """As on a GPU, every kernel is looked up and self-checked at its first call, here inside a
     training step, with whole blocks recomputed (``with_cp``) or only the merge, eager or under
-    ``torch.compile``: the step runs, every kernel stays in use and the result equals the
-    portable path (Triton's interpreter)."""
+    ``torch.compile``: the step runs, every kernel stays in use and the result is as close to
+    the float64 portable path as float32 allows (Triton's interpreter)."""
     if importlib.util.find_spec('mamba_ssm') is None:
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
     out = run_interpreted(_LAZY_INTERPRETED, timeout=600)
@@ -165,4 +175,8 @@ def test_first_kernel_use_inside_a_training_step(run_interpreted):
     assert len(lines) == 3, out
     for line in lines:
         assert "USED ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in line, out
-        assert float(line.split('WORST')[-1]) < 1e-5, line
+        kernels, portable = map(float, line.split('WORST')[-1].split())
+        # float32 rounding of the gradients summed over the sequence (A_log, dt_bias) reaches
+        # ~1e-5 on every path (the float32 bound of the mixer's tests); two float32 paths that
+        # are equally exact can differ by about as much, so each is held to float64
+        assert kernels <= 3e-5 and portable <= 3e-5, line
