@@ -221,9 +221,10 @@ class _BidirInner(torch.autograd.Function):
         slices, kept = _batch_slices(proj, dims), []
         native = _use_native(proj, dims)
         for sl in slices:
-            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, out[sl])
-            if out_sl.data_ptr() != out[sl].data_ptr():  # computed in another dtype
-                out[sl] = out_sl
+            target = out[sl]
+            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, target)
+            if out_sl is not target:  # computed in another dtype
+                target.copy_(out_sl)
             kept += kept_sl
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(proj, *params, *kept)

@@ -53,7 +53,7 @@ class ScanState:
         cb_diag (Tensor): (b, R, g, L) the diagonal ``C_i . B_i``.
         diag (Tensor): (b, R, h, L) per-token skip ``D + C_i . B_i dt_i``.
         ys (Tensor): (b, R, g, r p, L) the factored path's ``cb`` product (before the row
-            scale) of its scanned values ``xs = x dt col`` (:meth:`scanned` recomputes them).
+            scale) of its scanned values ``xs = x dt col`` (the backward pass recomputes them).
         y_wide (Tensor | None): (N, p, L) what the N wide heads added to ``y``.
     """
     S: Tensor
@@ -73,10 +73,6 @@ class ScanState:
         if self.y_wide is not None:
             heads.add_saved(y, self.y_wide, self.wide)
         return y
-
-    def scanned(self, x: Tensor, dt: Tensor, native: bool = False) -> Tensor:
-        """The factored path's scanned values ``x dt col`` (b, R, g, r p, L)."""
-        return _grouped(_scaled(x, dt * self.col, native), self.cb.shape[2])
 
 
 def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -146,12 +142,12 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         ``dD`` (R, h) or None.
     """
     g = B.shape[2]
-    xs = st.scanned(x, dt, native)
+    s, ys = dt * st.col, st.ys.view(x.shape)
+    xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
     dys = _scaled(dy, st.row, native)
     dys_g = _grouped(dys, g)
     dxs = apply_masked_t(dys_g, st.cb).view(x.shape)
     dcb = masked_outer(dys_g, xs)
-    s, ys = dt * st.col, st.ys.view(x.shape)
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
     if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
