@@ -33,10 +33,10 @@ def test_build_passes_the_switches_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
         tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--no-recompute-merge', '--no-quadratic', '--no-triangle-blocks',
+                         '--recompute-merge', '--no-quadratic', '--no-triangle-blocks',
                          '--with-cp', '--chunk-size', '64']))
     assert opts['variant'] == dict(fused_conv=False, fused_merge=False, recompute_conv=False,
-                                   recompute_merge=False, quadratic_max_len=0,
+                                   recompute_merge=True, quadratic_max_len=0,
                                    triangle_blocks=False)
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
@@ -49,6 +49,24 @@ def test_build_passes_the_switches_to_mamba_mixers_only():
     assert mixer.fast_path and mixer.chunk_size == 256
     assert not model.with_cp
     assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
+
+
+def test_switch_defaults_are_the_fast_paths_defaults():
+    """Each --<switch> / --no-<switch> flag defaults to the fast path's own default, so a run
+    without flags measures what users get and a flag that restates a default changes nothing."""
+    import dataclasses
+
+    from mmdinomamba.ops import FastPathVariant
+    tool = _tool()
+    fields = {f.name: f.default for f in dataclasses.fields(FastPathVariant)}
+    for name, (default, _) in tool.FAST_PATH_SWITCHES.items():
+        # 'quadratic' stands for quadratic_max_len: on unless it is set to 0
+        expected = fields[name] if name in fields else fields['quadratic_max_len'] != 0
+        assert default == expected, name
+    args = tool.parse_args([])
+    assert args.recompute_merge is False and args.recompute_conv is True
+    restated = tool.parse_args(['--no-recompute-merge', '--recompute-conv', '--quadratic'])
+    assert tool.build_options(restated)['variant'] == {}
 
 
 def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):

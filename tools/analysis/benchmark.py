@@ -67,30 +67,33 @@ def reference_of(name: str, ref: str | None = None) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant), each with a --no-<switch>
-# flag for A/B runs; the CUDA ones do not change a CPU run
+# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant): name -> (default, what it
+# does when on); each has a --<switch> / --no-<switch> flag for A/B runs; the CUDA ones do not
+# change a CPU run
 FAST_PATH_SWITCHES = {
-    'fused_conv': 'CUDA: the flip/cat/conv composition instead of our fused bidirectional conv '
-                  'kernel',
-    'fused_merge': 'CUDA: flip + two gated RMSNorms + average as separate ops instead of our '
-                   'fused merge kernel',
-    'recompute_conv': 'CUDA: keep the conv output for the backward pass instead of recomputing '
-                      'it',
-    'recompute_merge': 'CUDA: keep the merged output for out_proj instead of recomputing it',
-    'quadratic': 'CPU: separate ops and the chunked scan instead of one function with the '
-                 'quadratic scan',
-    'triangle_blocks': 'CPU: the quadratic scan\'s triangular products in full instead of '
-                       'skipping their all-zero blocks',
-    'native_cpu': 'CPU: the conv + SiLU and the gated merge as PyTorch ops instead of the '
-                  'native C++ kernels',
+    'fused_conv': (True, 'CUDA: both directions\' conv + SiLU in our fused kernel (off: flip / '
+                   'cat / depthwise conv)'),
+    'fused_merge': (True, 'CUDA: un-flip, both gated RMSNorms and the average in our fused '
+                    'kernel (off: separate ops)'),
+    'recompute_conv': (True, 'CUDA: recompute the conv output in the backward pass (off: keep '
+                       'it)'),
+    'recompute_merge': (False, 'CUDA: recompute the merged output in the backward pass (off: '
+                        'keep it for out_proj; less memory when on, faster when off)'),
+    'quadratic': (True, 'CPU: one function with the quadratic scan for short sequences (off: '
+                  'separate ops and the chunked scan)'),
+    'triangle_blocks': (True, 'CPU: the quadratic scan\'s triangular products skip their '
+                        'all-zero blocks (off: full products)'),
+    'native_cpu': (True, 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in '
+                   'the native C++ kernels (off: PyTorch ops)'),
 }
 
 
 def build_options(args) -> dict:
-    """Backbone options from the command line: ``variant`` (the fast-path pieces switched off,
-    keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the Mamba mixers' chunk
-    size) and ``with_cp`` (activation checkpointing per block)."""
-    variant = {name: False for name in FAST_PATH_SWITCHES if getattr(args, f'no_{name}')}
+    """Backbone options from the command line: ``variant`` (the fast-path pieces switched away
+    from their defaults, keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the
+    Mamba mixers' chunk size) and ``with_cp`` (activation checkpointing per block)."""
+    variant = {name: getattr(args, name) for name, (default, _) in FAST_PATH_SWITCHES.items()
+               if getattr(args, name) != default}
     if variant.pop('quadratic', None) is False:
         variant['quadratic_max_len'] = 0
     mixer = dict(chunk_size=args.chunk_size) if args.chunk_size else {}
@@ -366,7 +369,9 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for flag in [f'no_{name}' for name in FAST_PATH_SWITCHES] + ['with_cp', 'keep_freed_memory']:
+    for name in FAST_PATH_SWITCHES:
+        cmd += [('--' if getattr(args, name) else '--no-') + name.replace('_', '-')]
+    for flag in ('with_cp', 'keep_freed_memory'):
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -438,9 +443,10 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    for name, what in FAST_PATH_SWITCHES.items():
-        parser.add_argument(f'--no-{name.replace("_", "-")}', action='store_true',
-                            help=f'DinoVim/MambaReg: {what}')
+    for name, (default, what) in FAST_PATH_SWITCHES.items():
+        parser.add_argument(f'--{name.replace("_", "-")}', action=argparse.BooleanOptionalAction,
+                            default=default,
+                            help=f'DinoVim/MambaReg: {what}; default: {"on" if default else "off"}')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
@@ -486,7 +492,7 @@ def main(argv=None) -> None:
     print(f'device={args.device} batch={args.batch} iters={args.iters} rounds={args.rounds} '
           f'amp={args.amp} '
           f'compile={args.compile} '
-          + ''.join(f'{n}={not getattr(args, f"no_{n}")} ' for n in FAST_PATH_SWITCHES) +
+          + ''.join(f'{n}={getattr(args, n)} ' for n in FAST_PATH_SWITCHES) +
           f'with_cp={args.with_cp} keep_freed_memory={args.keep_freed_memory} '
           f'chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')

@@ -5,10 +5,10 @@ during one training forward in bf16 autocast, and isolates what one layer keeps 
 four runs (1 and 2 layers x batch 1 and 2), so parameters, their bf16 casts and the stem cancel
 out. Divided by the number of tokens it gives bytes per layer and token; times layers x batch x
 tokens it projects a model's activation memory (without the optimizer, parameters and
-workspace). Variants: ``recompute`` (the default CUDA path: fused conv, fused merge, conv and
-merged output recomputed in backward), ``keep-merge`` (merged output kept), ``keep`` (conv
-output and merged output kept), ``unfused`` (flip / cat / conv and two separate gated norms),
-``portable`` (the PyTorch specification).
+workspace). Variants: ``recompute`` (fused conv, fused merge, conv and merged output
+recomputed in backward: the least memory), ``keep-merge`` (the default CUDA path: merged output
+kept), ``keep`` (conv output and merged output kept), ``unfused`` (flip / cat / conv and two
+separate gated norms), ``portable`` (the PyTorch specification).
 
 On a GPU it measures the real CUDA path. Without one, ``--interpret`` runs the same kernels on
 CPU under Triton's interpreter (``tests/kernel_interpreter.py``; slow, so use a small ``--res``:
@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 VARIANTS = {
-    'recompute': dict(),
+    'recompute': dict(recompute_merge=True),
     'keep-merge': dict(recompute_merge=False),
     'keep': dict(recompute_conv=False, recompute_merge=False),
     'unfused': dict(recompute_conv=False, recompute_merge=False, fused_conv=False,
