@@ -6,7 +6,7 @@ PY := .venv/bin/python
 export OMP_NUM_THREADS ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast lint clean-demo
+.PHONY: setup demo test test-fast sanitize lint clean-demo
 
 setup:
 	bash tools/setup_env.sh
@@ -19,6 +19,14 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
+
+# the tests that run the native CPU kernels, with the kernels built under AddressSanitizer
+# (gcc's libasan; a separate extension cache under work_dirs/)
+sanitize: setup
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/work_dirs/asan_extensions \
+	PYTHONPATH=tests $(PY) -m pytest tests/test_ops tests/test_models/test_mixers -q \
+	  -m "not gpu" -p no:cacheprovider -p asan_native --capture=sys
 
 lint:
 	$(PY) -m flake8 mmdinomamba tools tests || true

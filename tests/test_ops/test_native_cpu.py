@@ -474,3 +474,15 @@ def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8)
     y = m(torch.randn(2, 9, 32))  # the PyTorch ops run instead
     assert torch.isfinite(y).all()
+
+
+def test_sanitizer_plugin_refuses_a_process_without_asan():
+    """``make sanitize``'s plugin stops with a clear error, and leaves the build flags alone,
+    when AddressSanitizer is not loaded (a run that would only look sanitized)."""
+    plugin = pytest.importorskip('asan_native')
+    if plugin._asan_loaded():
+        pytest.skip('running under make sanitize')
+    flags = native_cpu.CFLAGS
+    with pytest.raises(pytest.UsageError, match='make sanitize'):
+        plugin.pytest_configure(None)
+    assert native_cpu.CFLAGS == flags and '-fsanitize=address' not in native_cpu.LDFLAGS

@@ -1,0 +1,26 @@
+"""pytest plugin of ``make sanitize``: the native CPU kernels built with AddressSanitizer.
+
+Loaded with ``-p asan_native`` (``tests`` on ``PYTHONPATH``) in a process that has gcc's
+``libasan`` (and ``libstdc++``) preloaded, as the Makefile target does. The kernels are then
+compiled at ``-O1`` with ``-fsanitize=address`` (a build key of their own, so the optimized
+build in the same cache stays), and any test that runs them stops at the first read or write
+outside a tensor's memory with the sanitizer's report.
+"""
+import pytest
+
+SANITIZE = ('-O1', '-g', '-fsanitize=address', '-fno-omit-frame-pointer')
+
+
+def _asan_loaded() -> bool:
+    with open('/proc/self/maps') as f:
+        return any('libasan' in line for line in f)
+
+
+def pytest_configure(config):
+    if not _asan_loaded():
+        raise pytest.UsageError(
+            'asan_native: AddressSanitizer is not loaded in this process; run `make sanitize` '
+            '(it preloads gcc\'s libasan.so and libstdc++.so)')
+    from mmdinomamba.ops import native_cpu
+    native_cpu.CFLAGS = tuple(f for f in native_cpu.CFLAGS if f != '-O3') + SANITIZE
+    native_cpu.LDFLAGS = tuple(native_cpu.LDFLAGS) + ('-fsanitize=address', )
