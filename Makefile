@@ -20,8 +20,8 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
 
-# the tests that run the native CPU kernels, with the kernels built under AddressSanitizer
-# (gcc's libasan; a separate extension cache under work_dirs/)
+# the tests that run the native CPU kernels, with the kernels built under AddressSanitizer and
+# UndefinedBehaviorSanitizer (gcc's libasan, libubsan; a separate extension cache under work_dirs/)
 sanitize: setup
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
 	ASAN_OPTIONS=detect_leaks=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/work_dirs/asan_extensions \

@@ -97,6 +97,21 @@ def test_merge_equals_the_composition(dtype, tol, groups, length):
         torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
 
 
+def test_merge_with_saturated_gates_stays_finite():
+    # gates z of +-1e4: exp overflows inside SiLU, the merge's value and gradients do not
+    dims = InnerDims(d_inner=24, ngroups=2, d_state=4, headdim=4, kernel=4)
+    y, z = torch.randn(2, 2, 24, 9), torch.randn(2, 24, 9) * 1e4
+    w, dm = torch.randn(2, 24), torch.randn(2, 24, 9)
+    outs = [torch.empty(2, 24, 9) for _ in range(2)]
+    for native, out in zip((True, False), outs):
+        bidir_inner.merge_forward(y, z, w, dims, out, native=native)
+    got = [outs[0], *bidir_inner.merge_backward(dm, y, z, w, dims, native=True)]
+    want = [outs[1], *bidir_inner.merge_backward(dm, y, z, w, dims, native=False)]
+    for g, r in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
+
+
 def test_merge_bad_input_is_named():
     y, z, w = torch.randn(2, 2, 8, 5), torch.randn(2, 8, 5), torch.randn(2, 8)
     with pytest.raises(RuntimeError, match='3 groups do not divide d = 8'):
@@ -485,4 +500,4 @@ def test_sanitizer_plugin_refuses_a_process_without_asan():
     flags = native_cpu.CFLAGS
     with pytest.raises(pytest.UsageError, match='make sanitize'):
         plugin.pytest_configure(None)
-    assert native_cpu.CFLAGS == flags and '-fsanitize=address' not in native_cpu.LDFLAGS
+    assert native_cpu.CFLAGS == flags and not any('sanitize' in f for f in native_cpu.LDFLAGS)
