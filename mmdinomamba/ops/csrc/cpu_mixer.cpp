@@ -42,7 +42,7 @@ inline T silu(T p) {
 
 // silu'(p) = s (1 + p (1 - s)) from e = exp_neg(p) and s = 1 / (1 + e), written with
 // 1 - s = e s: no difference of near-equal terms that reassociation could create. p is capped
-// below at -80 as e is: -fast-math may multiply p e first, which overflows float32 for
+// below at -80 as e is: -ffast-math may multiply p e first, which overflows float32 for
 // p < -6000 or so against e = exp(80); below -80 the derivative is below 1.5e-33 anyway.
 template <typename T>
 inline T silu_grad(T p, T e, T s) {
