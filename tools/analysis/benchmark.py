@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS  # noqa: E402
+from mmdinomamba.ops.variants import FastPathVariant  # noqa: E402
 
 ARCHS = {
     **BACKBONE_PRESETS,
@@ -67,33 +68,39 @@ def reference_of(name: str, ref: str | None = None) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant): name -> (default, what it
-# does when on); each has a --<switch> / --no-<switch> flag for A/B runs; the CUDA ones do not
-# change a CPU run
+# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant) and what each does when on;
+# each has a --<switch> / --no-<switch> flag for A/B runs, defaulting to the fast path's own
+# default (switch_default); the CUDA ones do not change a CPU run
 FAST_PATH_SWITCHES = {
-    'fused_conv': (True, 'CUDA: both directions\' conv + SiLU in our fused kernel (off: flip / '
-                   'cat / depthwise conv)'),
-    'fused_merge': (True, 'CUDA: un-flip, both gated RMSNorms and the average in our fused '
-                    'kernel (off: separate ops)'),
-    'recompute_conv': (True, 'CUDA: recompute the conv output in the backward pass (off: keep '
-                       'it)'),
-    'recompute_merge': (False, 'CUDA: recompute the merged output in the backward pass (off: '
-                        'keep it for out_proj; less memory when on, faster when off)'),
-    'quadratic': (True, 'CPU: one function with the quadratic scan for short sequences (off: '
-                  'separate ops and the chunked scan)'),
-    'triangle_blocks': (True, 'CPU: the quadratic scan\'s triangular products skip their '
-                        'all-zero blocks (off: full products)'),
-    'native_cpu': (True, 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in '
-                   'the native C++ kernels (off: PyTorch ops)'),
+    'fused_conv': 'CUDA: both directions\' conv + SiLU in our fused kernel (off: flip / cat / '
+                  'depthwise conv)',
+    'fused_merge': 'CUDA: un-flip, both gated RMSNorms and the average in our fused kernel '
+                   '(off: separate ops)',
+    'recompute_conv': 'CUDA: recompute the conv output in the backward pass (off: keep it)',
+    'recompute_merge': 'CUDA: recompute the merged output in the backward pass (off: keep it '
+                       'for out_proj; less memory when on, faster when off)',
+    'quadratic': 'CPU: one function with the quadratic scan for short sequences (off: separate '
+                 'ops and the chunked scan)',
+    'triangle_blocks': 'CPU: the quadratic scan\'s triangular products skip their all-zero '
+                       'blocks (off: full products)',
+    'native_cpu': 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in the '
+                  'native C++ kernels (off: PyTorch ops)',
 }
+
+
+def switch_default(name: str) -> bool:
+    """The fast path's own default of a switch (``quadratic`` stands for ``quadratic_max_len``:
+    on unless that is 0)."""
+    variant = FastPathVariant()
+    return variant.quadratic_max_len != 0 if name == 'quadratic' else getattr(variant, name)
 
 
 def build_options(args) -> dict:
     """Backbone options from the command line: ``variant`` (the fast-path pieces switched away
     from their defaults, keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the
     Mamba mixers' chunk size) and ``with_cp`` (activation checkpointing per block)."""
-    variant = {name: getattr(args, name) for name, (default, _) in FAST_PATH_SWITCHES.items()
-               if getattr(args, name) != default}
+    variant = {name: getattr(args, name) for name in FAST_PATH_SWITCHES
+               if getattr(args, name) != switch_default(name)}
     if variant.pop('quadratic', None) is False:
         variant['quadratic_max_len'] = 0
     mixer = dict(chunk_size=args.chunk_size) if args.chunk_size else {}
@@ -443,7 +450,8 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    for name, (default, what) in FAST_PATH_SWITCHES.items():
+    for name, what in FAST_PATH_SWITCHES.items():
+        default = switch_default(name)
         parser.add_argument(f'--{name.replace("_", "-")}', action=argparse.BooleanOptionalAction,
                             default=default,
                             help=f'DinoVim/MambaReg: {what}; default: {"on" if default else "off"}')
