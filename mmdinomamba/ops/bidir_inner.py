@@ -24,7 +24,8 @@ from .ssd_quadratic import ScanState, scan_backward, scan_forward
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
-_SLICE_FLOATS = 1 << 20
+#: the most conv outputs (both directions) one batch slice of the CPU fast path works on at once
+_SLICE_FLOATS = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -204,11 +205,15 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
 
 
 def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:
-    """Batch slices of about ``_SLICE_FLOATS`` conv outputs each: the (b, 2, C, L) temporaries
-    of a slice stay in cache, and elementwise work on CPU is bound by memory traffic."""
+    """Near-equal batch slices of at most ``_SLICE_FLOATS`` conv outputs each (one sample at
+    least): they bound the (b, 2, C, L) temporaries, while every slice costs a pass of the
+    whole function's small operations, so there are as few as the bound allows (the demo's
+    step and DinoVim-T at 224 px with batch 8 run one slice; docs/results.md)."""
     batch, length = proj.shape[:2]
-    step = max(1, _SLICE_FLOATS // (2 * dims.conv_dim * length))
-    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
+    per_sample = 2 * dims.conv_dim * length
+    count = min(batch, max(1, -(-batch * per_sample // _SLICE_FLOATS)))
+    bounds = [round(i * batch / count) for i in range(count + 1)]
+    return [slice(i, j) for i, j in zip(bounds, bounds[1:])]
 
 
 class _BidirInner(torch.autograd.Function):

@@ -32,10 +32,27 @@ def _run(m, x, fast_path):
     return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
 
 
+@pytest.mark.parametrize('batch,length,limit,sizes', [
+    (5, 41, 11000, [2, 1, 2]), (64, 65, 1 << 20, [32, 32]), (64, 65, 1 << 21, [64]),
+    (8, 197, 1 << 21, [8]), (3, 5000, 1000, [1, 1, 1])])
+def test_batch_slices_are_near_equal_and_within_the_bound(batch, length, limit, sizes,
+                                                          monkeypatch):
+    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', limit)
+    dims = bidir_inner.InnerDims(d_inner=64, ngroups=1, d_state=8, headdim=8, kernel=4)
+    if batch == 64:  # the demo's mixer (conv_dim 160), DinoVim-T's (640) below
+        dims = bidir_inner.InnerDims(d_inner=128, ngroups=1, d_state=16, headdim=16, kernel=4)
+    elif batch == 8:
+        dims = bidir_inner.InnerDims(d_inner=512, ngroups=1, d_state=64, headdim=64, kernel=4)
+    slices = bidir_inner._batch_slices(torch.empty(batch, length, 1), dims)
+    assert [s.stop - s.start for s in slices] == sizes
+    assert slices[0].start == 0 and slices[-1].stop == batch
+    assert all(a.stop == b.start for a, b in zip(slices, slices[1:]))
+
+
 @pytest.mark.parametrize('kw', [dict(), dict(rmsnorm=False), dict(ngroups=2), dict(
     conv_bias=False), dict(dt_scale=50.0, ngroups=2)])
 def test_fast_path_equals_specification_float64(kw, monkeypatch):
-    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 2000)  # several batch slices
+    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
     m = _mixer(**kw)
     x = torch.randn(5, 41, 32, dtype=torch.float64)
     fast, spec = _run(m, x, True), _run(m, x, False)
