@@ -55,6 +55,11 @@ def _channel_major(t: Tensor, dtype: torch.dtype, native: bool = False) -> Tenso
     return native_cpu.transpose_into(out, t, native)
 
 
+def _tokens(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """A token-major (b, L, c) operand in ``dtype``: ``t`` itself (any strides) or a copy."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def softplus(x: Tensor) -> Tensor:
     """``F.softplus`` (beta 1, threshold 20) with ``log1p(u) = log(w) u / (w - 1)``, ``w = 1 +
     u`` (exact to rounding; CPU ``log1p`` kernels can be 20x slower than ``log``)."""
@@ -91,43 +96,49 @@ def _norms(y: Tensor, gate: Tensor, groups: int, eps: float) -> tuple[Tensor, Te
 def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, out: Tensor,
                   native: bool = False) -> Tensor:
     """``(norm(y_f) w_f + norm(y_b) w_b) / 2`` (or ``(y_f + y_b) / 2 * gate`` without weight),
-    ``gate = silu(z)``, of ``y`` (b, 2, d, L) and ``z`` (b, d, L) written into ``out`` (b, d, L)
-    (e.g. a transposed view); ``native``: the native CPU kernel (:mod:`.native_cpu`)."""
+    ``gate = silu(z)``, of the channel-major ``y`` (b, 2, d, L) and the token-major ``z``
+    (b, L, d) (e.g. a view into the projection), written into the token-major ``out`` (b, L, d)
+    and returned; ``native``: the native CPU kernel (:mod:`.native_cpu`), which transposes tile
+    by tile, where the operands suit it."""
+    if weight is not None and native and native_cpu.tokens_fit(y.dtype, z, out):
+        return native_cpu.merge_forward(y, z, weight.to(y.dtype), dims.ngroups, dims.eps, out)
+    zc, oc = _channel_major(z, y.dtype, native), out.transpose(1, 2)
     if weight is None:
-        return torch.add(y[:, 0], y[:, 1], out=out).mul_(F.silu(z)).mul_(0.5)
-    if native:
-        merged = native_cpu.merge_forward(y, z, weight.to(y.dtype), dims.ngroups, dims.eps)
-        return native_cpu.transpose_into(out.transpose(1, 2), merged, native).transpose(1, 2)
-    n = _norms(y, F.silu(z), dims.ngroups, dims.eps)[0].flatten(2, 3)
+        torch.add(y[:, 0], y[:, 1], out=oc).mul_(F.silu(zc)).mul_(0.5)
+        return out
+    n = _norms(y, F.silu(zc), dims.ngroups, dims.eps)[0].flatten(2, 3)
     w = weight.to(y.dtype).mul(0.5)
-    torch.mul(n[:, 0], w[0, :, None], out=out)
-    return out.addcmul_(n[:, 1], w[1, :, None])
+    torch.mul(n[:, 0], w[0, :, None], out=oc)
+    oc.addcmul_(n[:, 1], w[1, :, None])
+    return out
 
 
 def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims,
-                   native: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L),
-    ``dz`` (b, d, L) and ``dweight`` (2, d) or None."""
+                   dz: Tensor, native: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Gradients of :func:`merge_forward` for the token-major ``dm`` (b, L, d): writes ``dz``
+    into the token-major ``dz`` (b, L, d) (e.g. a view into the projection's gradient) and
+    returns ``dy`` (b, 2, d, L) and ``dweight`` (2, d) or None."""
+    if weight is not None and native and native_cpu.tokens_fit(y.dtype, dm, z, dz):
+        dy, dweight = native_cpu.merge_backward(dm, y, z, weight.to(y.dtype), dims.ngroups,
+                                                dims.eps, dz)
+        return dy, dweight.to(weight.dtype)
+    dmc, zc = _channel_major(dm, y.dtype, native), _channel_major(z, y.dtype, native)
+    gate = F.silu(zc)
     if weight is None:
-        gate = F.silu(z)
-        half = dm * gate * 0.5
-        dgate = (y[:, 0] + y[:, 1]).mul_(dm).mul_(0.5)
-        return half.unsqueeze(1).expand_as(y), torch.ops.aten.silu_backward(dgate, z), None
-    if native:
-        dy, dz, dweight = native_cpu.merge_backward(dm, y, z, weight.to(y.dtype), dims.ngroups,
-                                                    dims.eps)
-        return dy, dz, dweight.to(weight.dtype)
-    gate = F.silu(z)
+        half = dmc * gate * 0.5
+        dgate = (y[:, 0] + y[:, 1]).mul_(dmc).mul_(0.5)
+        native_cpu.transpose_into(dz, torch.ops.aten.silu_backward(dgate, zc), native)
+        return half.unsqueeze(1).expand_as(y), None
     n, rstd = _norms(y, gate, dims.ngroups, dims.eps)
     nf = n.flatten(2, 3)
-    dweight = (nf * dm.unsqueeze(1)).sum((0, 3)).mul_(0.5)
-    dn = dm.unsqueeze(1) * weight.to(y.dtype).mul(0.5)[..., None]  # (b, 2, d, L)
+    dweight = (nf * dmc.unsqueeze(1)).sum((0, 3)).mul_(0.5)
+    dn = dmc.unsqueeze(1) * weight.to(y.dtype).mul(0.5)[..., None]  # (b, 2, d, L)
     dng = dn.unflatten(2, (dims.ngroups, -1))
     mean = (dng * n).mean(-2, keepdim=True)
     dh = dng.addcmul_(n, mean, value=-1).mul_(rstd).flatten(2, 3)
     dgate = (dh * y).sum(1)
-    return (dh.mul_(gate.unsqueeze(1)), torch.ops.aten.silu_backward(dgate, z),
-            dweight.to(weight.dtype))
+    native_cpu.transpose_into(dz, torch.ops.aten.silu_backward(dgate, zc), native)
+    return dh.mul_(gate.unsqueeze(1)), dweight.to(weight.dtype)
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
@@ -140,10 +151,10 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     u, Bm, Cm = _split_conv(act, dims)
     dt = softplus(_dt(proj, dt_bias, dims, ct))
     y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native)
-    z = _channel_major(proj[..., :dims.d_inner], ct, native)
     if out is None or out.dtype != ct:
         out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
-    merge_forward(y.flatten(2, 3), z, norm_weight, dims, out.transpose(1, 2), native)
+    merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct), norm_weight, dims,
+                  out, native)
     # keep the scan's (b, R, g, r p, L) product and its small state; the conv is recomputed
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
                  st.y_wide]
@@ -190,15 +201,17 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u, native).flatten(2, 3)
-    z = _channel_major(proj[..., :d], ct, native)
-    dy, dz, dnorm = merge_backward(_channel_major(dout, ct, native), y, z, norm_weight, dims,
-                                   native)
+    own_dz = dproj.dtype != ct  # the merge writes dz into dproj where their dtypes agree
+    dz = dout.new_empty(dout.shape, dtype=ct) if own_dz else dproj[..., :d]
+    dy, dnorm = merge_backward(_tokens(dout, ct), y, _tokens(proj[..., :d], ct), norm_weight,
+                               dims, dz, native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
     dx, dweight, dbias = _conv_backward(dact, xp, pre, conv_weight, conv_bias)
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
-    native_cpu.transpose_into(dproj[..., :d], dz, native)
+    if own_dz:
+        dproj[..., :d].copy_(dz)
     native_cpu.transpose_into(dproj[..., d:d + c], dx, native)
     dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]

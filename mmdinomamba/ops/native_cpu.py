@@ -10,7 +10,8 @@ and their gradients, one pass each instead of a dozen; so does the element-wise 
 scan's matrix products (:func:`scale_tokens`, :func:`scan_output`,
 :func:`scan_backward_pointwise`); and so do the copies between the token-major projections and
 the channel-major inside of the mixer (:func:`transpose_into`, in register tiles: PyTorch's
-strided copy of a transposed view runs 3-5x slower).
+strided copy of a transposed view runs 3-5x slower); the merge reads its gate and writes its
+output (and their gradients) token-major, transposing tile by tile in cache.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and
@@ -43,7 +44,7 @@ from .variants import current_variant
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
-           'scan_backward_pointwise', 'transpose_into']
+           'scan_backward_pointwise', 'transpose_into', 'tokens_fit']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -202,19 +203,32 @@ def conv_silu_backward(dact: Tensor, xp: Tensor, weight: Tensor,
     return grads[0], grads[1], grads[2] if bias is not None else None
 
 
-def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float) -> Tensor:
-    """``(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2`` (b, d, L) of ``y``
-    (b, 2, d, L) and ``z`` (b, d, L), the root mean square over ``groups`` groups of channels
-    (:func:`~mmdinomamba.ops.bidir_inner.merge_forward` with a weight)."""
-    return _module().merge_forward(y, z, weight.contiguous(), groups, eps)
+def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,
+                  out: Tensor) -> Tensor:
+    """``(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2`` of the channel-major ``y``
+    (b, 2, d, L) and the token-major ``z`` (b, L, d), the root mean square over ``groups``
+    groups of channels (:func:`~mmdinomamba.ops.bidir_inner.merge_forward` with a weight),
+    written into the token-major ``out`` (b, L, d), which is returned. ``z`` and ``out`` need
+    unit channel stride (views into wider tensors are fine, see :func:`tokens_fit`)."""
+    _module().merge_forward(y, z, weight.contiguous(), groups, eps, out)
+    return out
 
 
-def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int,
-                   eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of :func:`merge_forward` for ``dm`` (b, d, L): ``dy`` (b, 2, d, L), ``dz``
-    (b, d, L) and ``dweight`` (2, d)."""
-    dy, dz, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps)
-    return dy, dz, dweight
+def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,
+                   dz: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of :func:`merge_forward` for the token-major ``dm`` (b, L, d): writes ``dz``
+    into the token-major ``dz`` (b, L, d) and returns ``dy`` (b, 2, d, L) and ``dweight``
+    (2, d)."""
+    dy, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps, dz)
+    return dy, dweight
+
+
+def tokens_fit(dtype: torch.dtype, *tensors: Tensor) -> bool:
+    """Whether (b, L, d) tensors suit the merge kernels as token-major operands: ``dtype``
+    (float32 or float64), unit channel stride, tokens and samples apart."""
+    return dtype in (torch.float32, torch.float64) and all(
+        t.dtype == dtype and t.dim() == 3 and t.stride(2) == 1 and t.stride(1) >= t.shape[2]
+        and (t.shape[0] == 1 or t.stride(0) >= t.shape[1] * t.stride(1)) for t in tensors)
 
 
 def wide_weights(hi: Tensor, cb: Tensor, index: Tensor, direction: int,

@@ -78,48 +78,75 @@ def test_bad_input_is_named():
         native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), xp, torch.randn(2, 4, 4), None)
 
 
-@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize('groups,length', [(1, 150), (2, 7), (4, 64)])
-def test_merge_equals_the_composition(dtype, tol, groups, length):
-    # 150 tokens: two full tiles of 64 and a partial one
-    dims = InnerDims(d_inner=24, ngroups=groups, d_state=4, headdim=4, kernel=4)
-    y = torch.randn(3, 2, 24, length, dtype=dtype)
-    z = torch.randn(3, 24, length, dtype=dtype) * 3
-    w = torch.randn(2, 24, dtype=dtype)
-    dm = torch.randn(3, 24, length, dtype=dtype)
-    outs = [torch.empty(3, 24, length, dtype=dtype) for _ in range(2)]
-    for native, out in zip((True, False), outs):
+def _merge_both(y, z, w, dm, dims):
+    """Output, dy, dz, dweight of the merge with the native kernel and with the PyTorch ops
+    (token-major z, dm, output and dz)."""
+    results = []
+    for native in (True, False):
+        out = torch.full(dm.shape, float('nan'), dtype=y.dtype)
+        dz = torch.full(dm.shape, float('nan'), dtype=y.dtype)
         bidir_inner.merge_forward(y, z, w, dims, out, native=native)
-    torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
-    got = bidir_inner.merge_backward(dm, y, z, w, dims, native=True)
-    want = bidir_inner.merge_backward(dm, y, z, w, dims, native=False)
-    for name, g, r in zip(['dy', 'dz', 'dweight'], got, want):
+        dy, dweight = bidir_inner.merge_backward(dm, y, z, w, dims, dz, native=native)
+        results.append([out, dy, dz, dweight])
+    return results
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('groups,length', [(1, 150), (2, 7), (4, 64), (1, 17)])
+def test_merge_equals_the_composition(dtype, tol, groups, length):
+    # 150 tokens: two full tiles of 64 and a partial one; z and dm token-major views into wider
+    # tensors (as into the projection and its gradient), 40 channels: partial transpose tiles
+    d = 40 if groups != 4 else 24
+    dims = InnerDims(d_inner=d, ngroups=groups, d_state=4, headdim=4, kernel=4)
+    y = torch.randn(3, 2, d, length, dtype=dtype)
+    z = (torch.randn(3, length, d + 9, dtype=dtype) * 3)[..., 5:5 + d]
+    w = torch.randn(2, d, dtype=dtype)
+    dm = torch.randn(3, length, 2 * d, dtype=dtype)[..., ::2].contiguous()
+    got, want = _merge_both(y, z, w, dm, dims)
+    for name, g, r in zip(['out', 'dy', 'dz', 'dweight'], got, want):
         torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
+
+
+def test_merge_writes_into_views_of_the_projections():
+    # out and dz as (b, L, d) views into wider buffers: nothing outside them is touched
+    dims = InnerDims(d_inner=32, ngroups=1, d_state=4, headdim=4, kernel=4)
+    y, z = torch.randn(2, 2, 32, 70), torch.randn(2, 70, 32)
+    w, dm = torch.randn(2, 32), torch.randn(2, 70, 32)
+    buf = torch.zeros(2, 70, 50)
+    native_cpu.merge_forward(y, z, w, 1, 1e-5, buf[..., 10:42])
+    want = torch.empty(2, 70, 32)
+    bidir_inner.merge_forward(y, z, w, dims, want, native=False)
+    torch.testing.assert_close(buf[..., 10:42], want, rtol=1e-5, atol=1e-5)
+    assert (buf[..., :10] == 0).all() and (buf[..., 42:] == 0).all()
+    grad = torch.zeros(2, 70, 50)
+    native_cpu.merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35])
+    assert (grad[..., :3] == 0).all() and (grad[..., 35:] == 0).all()
 
 
 def test_merge_with_saturated_gates_stays_finite():
     # gates z of +-1e4: exp overflows inside SiLU, the merge's value and gradients do not
     dims = InnerDims(d_inner=24, ngroups=2, d_state=4, headdim=4, kernel=4)
-    y, z = torch.randn(2, 2, 24, 9), torch.randn(2, 24, 9) * 1e4
-    w, dm = torch.randn(2, 24), torch.randn(2, 24, 9)
-    outs = [torch.empty(2, 24, 9) for _ in range(2)]
-    for native, out in zip((True, False), outs):
-        bidir_inner.merge_forward(y, z, w, dims, out, native=native)
-    got = [outs[0], *bidir_inner.merge_backward(dm, y, z, w, dims, native=True)]
-    want = [outs[1], *bidir_inner.merge_backward(dm, y, z, w, dims, native=False)]
+    y, z = torch.randn(2, 2, 24, 9), torch.randn(2, 9, 24) * 1e4
+    w, dm = torch.randn(2, 24), torch.randn(2, 9, 24)
+    got, want = _merge_both(y, z, w, dm, dims)
     for g, r in zip(got, want):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
 
 
 def test_merge_bad_input_is_named():
-    y, z, w = torch.randn(2, 2, 8, 5), torch.randn(2, 8, 5), torch.randn(2, 8)
+    y, z, w = torch.randn(2, 2, 8, 5), torch.randn(2, 5, 8), torch.randn(2, 8)
+    out = torch.empty(2, 5, 8)
     with pytest.raises(RuntimeError, match='3 groups do not divide d = 8'):
-        native_cpu.merge_forward(y, z, w, 3, 1e-5)
-    with pytest.raises(RuntimeError, match='z must be a contiguous \(b, d, L\)'):
-        native_cpu.merge_forward(y, z[..., :4], w, 1, 1e-5)
-    with pytest.raises(RuntimeError, match='dm must be a contiguous \(b, d, L\)'):
-        native_cpu.merge_backward(torch.randn(2, 8, 4), y, z, w, 1, 1e-5)
+        native_cpu.merge_forward(y, z, w, 3, 1e-5, out)
+    with pytest.raises(RuntimeError, match=r'z must be a \(b, L, d\) tensor'):
+        native_cpu.merge_forward(y, z.transpose(1, 2).contiguous(), w, 1, 1e-5, out)
+    with pytest.raises(RuntimeError, match=r'out must be a \(b, L, d\) tensor'):
+        native_cpu.merge_forward(y, z, w, 1, 1e-5, out.transpose(1, 2).contiguous())
+    with pytest.raises(RuntimeError, match=r'dm must be a \(b, L, d\) tensor'):
+        native_cpu.merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out)
+    with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, d\) tensor'):
+        native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2])
 
 
 def _wide_inputs(dtype, heads=5, length=37, mats=4, seed=0):
@@ -286,19 +313,19 @@ def test_results_do_not_depend_on_the_thread_count():
     xp = torch.randn(6, 40, 43, generator=gen)
     w, b = torch.randn(2, 40, 4, generator=gen), torch.randn(2, 40, generator=gen)
     dact = torch.randn(6, 2, 40, 37, generator=gen)
-    y, z = torch.randn(6, 2, 32, 70, generator=gen), torch.randn(6, 32, 70, generator=gen)
-    nw, dm = torch.randn(2, 32, generator=gen), torch.randn(6, 32, 70, generator=gen)
+    y, z = torch.randn(6, 2, 32, 70, generator=gen), torch.randn(6, 70, 32, generator=gen)
+    nw, dm = torch.randn(2, 32, generator=gen), torch.randn(6, 70, 32, generator=gen)
     hi, index, cb = _wide_inputs(torch.float32)
     dW = torch.randn(5, 37, 37, generator=gen)
     t = torch.rand(5, 37, generator=gen).cumsum(-1)
     sx, (sdy, sdys, sys_, sdxs), (ss, sd) = _scan_operands(torch.float32, gen)
 
     def run():
-        dcb = torch.zeros_like(cb)
+        dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
         return [native_cpu.conv_silu_forward(xp, w, b),
                 *native_cpu.conv_silu_backward(dact, xp, w, b),
-                native_cpu.merge_forward(y, z, nw, 2, 1e-5),
-                *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5),
+                native_cpu.merge_forward(y, z, nw, 2, 1e-5, torch.empty(6, 70, 32)),
+                *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5, dz), dz,
                 native_cpu.wide_weights(hi, cb, index, 0, False),
                 *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
                 native_cpu.transpose_into(torch.empty(6, 43, 40), xp),
@@ -352,10 +379,10 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
 
 
 def test_fast_path_changes_layout_in_them(monkeypatch):
-    # every token-major <-> channel-major copy of the fast path (forward: the conv input, the
-    # gate, the output; backward: those two inputs again, the output gradient and the three
-    # input gradients' parts) goes to the native transpose, which takes it (same dtype, unit
-    # inner strides); with the kernels switched off, to PyTorch's copy
+    # every token-major <-> channel-major copy of the fast path (the conv input in the forward
+    # pass and again in the backward pass, and its gradient; the merge transposes its gate,
+    # output and their gradients tile by tile itself) goes to the native transpose, which takes
+    # it (same dtype, unit inner strides); with the kernels switched off, to PyTorch's copy
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     x = torch.randn(3, 23, 32, dtype=torch.float64)
     module, calls = native_cpu.load(), []
@@ -363,7 +390,7 @@ def test_fast_path_changes_layout_in_them(monkeypatch):
     monkeypatch.setattr(module, 'transpose_into',
                         lambda d, s: calls.append('native') or taken(d, s))
     native = _grads(m, x)
-    assert calls == ['native'] * 8
+    assert calls == ['native'] * 3
     calls.clear()
     with fast_path_variant(native_cpu=False):
         ops = _grads(m, x)
@@ -468,7 +495,7 @@ def test_a_self_check_that_raises_fails(monkeypatch):
     monkeypatch.setattr(native_cpu, '_state', {})
 
     def rejects(*args, **kwargs):
-        raise RuntimeError('native merge: z must be a contiguous (b, d, L) tensor')
+        raise RuntimeError('native merge: z must be a (b, L, d) tensor')
 
     monkeypatch.setattr(native_cpu, 'merge_backward', rejects)
     with pytest.warns(UserWarning, match='failed their self-check'):

@@ -227,30 +227,153 @@ std::vector<at::Tensor> conv_silu_backward(const at::Tensor& dact, const at::Ten
 }
 
 // ---------------------------------------------------------------------------------------------
-// The gated merge: out = (rmsnorm(y_0 g) w_0 + rmsnorm(y_1 g) w_1) / 2 with g = silu(z), the
-// root mean square over groups of d / G channels; channel-major (b, ., d, L) operands, worked
-// in tiles of TILE tokens of one sample and group (two passes over a tile that stays in cache).
-constexpr int64_t TILE = 64;
+// Tile transposes between the token-major projections (b, L, C) and the channel-major layout
+// of these kernels (b, C, L): dst[b, i, j] = src[b, j, i], for the copies (transpose_into, at
+// the end) and inside the merge. PyTorch's strided copy reads or
+// writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
+// loaded row by row, transposed in registers and stored row by row. Edge tiles and doubles go
+// element by element (inside a tile, so both sides still stay in cache).
+constexpr int64_t TRANSPOSE_TILE = 16;
 
 template <typename T>
-void merge_forward_kernel(const T* y, const T* z, const T* w, T* out, int64_t batch, int64_t d,
-                          int64_t length, int64_t groups, T eps) {
+inline void transpose_tile_scalar(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
+                                  int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) d[i * ds + j] = s[j * ss + i];
+}
+
+#if defined(__AVX512F__)
+// One 16 x 16 float tile: d[i * ds + j] = s[j * ss + i].
+inline void transpose_tile16(const float* s, int64_t ss, float* d, int64_t ds) {
+  __m512 r[16], t[16];
+  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(s + k * ss);
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int k = 0; k < 2; ++k) {
+    for (int q = 0; q < 4; ++q) {
+      t[8 * k + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0x88);
+      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0xDD);
+    }
+  }
+  for (int q = 0; q < 8; ++q) {
+    r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+    r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
+  }
+  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(d + k * ds, r[k]);
+}
+#elif defined(__AVX__)
+// One 8 x 8 float tile: d[i * ds + j] = s[j * ss + i].
+inline void transpose_tile8(const float* s, int64_t ss, float* d, int64_t ds) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + k * ss);
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    r[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (int q = 0; q < 4; ++q) {
+    t[q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x20);
+    t[4 + q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x31);
+  }
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * ds, t[k]);
+}
+#endif
+
+// A TRANSPOSE_TILE x TRANSPOSE_TILE block (or its edge part: rows x cols) of dst.
+template <typename T>
+inline void transpose_block(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
+                            int64_t cols) {
+  transpose_tile_scalar(s, ss, d, ds, rows, cols);
+}
+
+template <>
+inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t ds,
+                                   int64_t rows, int64_t cols) {
+  if (rows == TRANSPOSE_TILE && cols == TRANSPOSE_TILE) {
+#if defined(__AVX512F__)
+    transpose_tile16(s, ss, d, ds);
+    return;
+#elif defined(__AVX__)
+    for (int64_t i = 0; i < TRANSPOSE_TILE; i += 8)
+      for (int64_t j = 0; j < TRANSPOSE_TILE; j += 8)
+        transpose_tile8(s + j * ss + i, ss, d + i * ds + j, ds);
+    return;
+#endif
+  }
+  transpose_tile_scalar(s, ss, d, ds, rows, cols);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gated merge: out = (rmsnorm(y_0 g) w_0 + rmsnorm(y_1 g) w_1) / 2 with g = silu(z), the
+// root mean square over groups of d / G channels. y (b, 2, d, L) and dy are channel-major (the
+// scan's layout); z, the output, dm and dz are token-major (b, L, d) views into the projections
+// (unit channel stride, any token stride). Worked in tiles of TILE tokens of one sample and group:
+// the tile's token-major operands are transposed into channel-major scratch (the tile transposes
+// above), two passes run over the tile while it stays in cache, and the results are
+// transposed back, so no full transposed copy of z, dm, dz or the output goes through memory.
+constexpr int64_t TILE = 64;
+
+// (n tokens x cg channels, token stride ts) -> scratch (cg rows of TILE).
+template <typename T>
+void tile_to_channels(const T* src, int64_t ts, T* scratch, int64_t cg, int64_t n) {
+  for (int64_t c = 0; c < cg; c += TRANSPOSE_TILE)
+    for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
+      transpose_block(src + t * ts + c, ts, scratch + c * TILE + t, TILE,
+                      std::min(TRANSPOSE_TILE, cg - c), std::min(TRANSPOSE_TILE, n - t));
+}
+
+// scratch (cg rows of TILE) -> (n tokens x cg channels, token stride ts).
+template <typename T>
+void tile_to_tokens(const T* scratch, T* dst, int64_t ts, int64_t cg, int64_t n) {
+  for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
+    for (int64_t c = 0; c < cg; c += TRANSPOSE_TILE)
+      transpose_block(scratch + c * TILE + t, TILE, dst + t * ts + c, ts,
+                      std::min(TRANSPOSE_TILE, n - t), std::min(TRANSPOSE_TILE, cg - c));
+}
+
+// A token-major (b, L, d) operand: its data and strides.
+template <typename T>
+struct Tokens {
+  T* data;
+  int64_t batch_stride, token_stride;
+  T* at(int64_t b, int64_t t, int64_t c) const {
+    return data + b * batch_stride + t * token_stride + c;
+  }
+};
+
+template <typename T>
+void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> out,
+                          int64_t batch, int64_t d, int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
   at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
     T ss0[TILE], ss1[TILE];
+    std::vector<T> gate(cg * TILE);  // the tile's z, then its gate, then its output
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / groups, c0 = (bg % groups) * cg;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
+        tile_to_channels(z.at(b, t0, c0), z.token_stride, gate.data(), cg, n);
         for (int64_t t = 0; t < n; ++t) ss0[t] = ss1[t] = 0;
         for (int64_t c = c0; c < c0 + cg; ++c) {
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
           const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          const T* zr = z + (b * d + c) * length + t0;
-          T* o = out + (b * d + c) * length + t0;  // holds the gate until the second pass
+          T* o = gate.data() + (c - c0) * TILE;
 #pragma omp simd
           for (int64_t t = 0; t < n; ++t) {
-            const T g = silu(zr[t]);
+            const T g = silu(o[t]);
             const T h0 = y0[t] * g, h1 = y1[t] * g;
             ss0[t] += h0 * h0;
             ss1[t] += h1 * h1;
@@ -264,40 +387,44 @@ void merge_forward_kernel(const T* y, const T* z, const T* w, T* out, int64_t ba
         for (int64_t c = c0; c < c0 + cg; ++c) {
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
           const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          T* o = out + (b * d + c) * length + t0;
+          T* o = gate.data() + (c - c0) * TILE;
           const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
 #pragma omp simd
           for (int64_t t = 0; t < n; ++t)
             o[t] = o[t] * (y0[t] * ss0[t] * w0 + y1[t] * ss1[t] * w1);
         }
+        tile_to_tokens(gate.data(), out.at(b, t0, c0), out.token_stride, cg, n);
       }
     }
   });
 }
 
-// Gradients for dm (b, d, L): dy (b, 2, d, L), dz (b, d, L) and the filter gradient of every
-// sample dw (b, 2, d) (summed over b by the caller).
+// Gradients for dm: dy (b, 2, d, L), dz (token-major) and the filter gradient of every sample
+// dw (b, 2, d) (summed over b by the caller).
 template <typename T>
-void merge_backward_kernel(const T* dm, const T* y, const T* z, const T* w, T* dy, T* dz,
-                           T* dw, int64_t batch, int64_t d, int64_t length, int64_t groups,
-                           T eps) {
+void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, const T* w,
+                           T* dy, Tokens<T> dz, T* dw, int64_t batch, int64_t d, int64_t length,
+                           int64_t groups, T eps) {
   const int64_t cg = d / groups;
   at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
     T r0[TILE], r1[TILE], m0[TILE], m1[TILE];
+    // the tile's z, dm, and exp(-z) (then dz), channel-major
+    std::vector<T> zs(cg * TILE), gs(cg * TILE), es(cg * TILE);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / groups, c0 = (bg % groups) * cg;
       for (int64_t c = c0; c < c0 + cg; ++c) dw[(b * 2) * d + c] = dw[(b * 2 + 1) * d + c] = 0;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
+        tile_to_channels(z.at(b, t0, c0), z.token_stride, zs.data(), cg, n);
+        tile_to_channels(dm.at(b, t0, c0), dm.token_stride, gs.data(), cg, n);
         for (int64_t t = 0; t < n; ++t) r0[t] = r1[t] = m0[t] = m1[t] = 0;
-        // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); dz holds exp(-z)
+        // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); es holds exp(-z)
         for (int64_t c = c0; c < c0 + cg; ++c) {
-          const int64_t row = (b * d + c) * length + t0;
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
           const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          const T* zr = z + row;
-          const T* g = dm + row;
-          T* ez = dz + row;
+          const T* zr = zs.data() + (c - c0) * TILE;
+          const T* g = gs.data() + (c - c0) * TILE;
+          T* ez = es.data() + (c - c0) * TILE;
           const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
 #pragma omp simd
           for (int64_t t = 0; t < n; ++t) {
@@ -320,14 +447,13 @@ void merge_backward_kernel(const T* dm, const T* y, const T* z, const T* w, T* d
         }
         // pass 2: dh = (dn - n mean(dn n)) rstd = rstd dn - h rstd^2 mean(dn n) ...
         for (int64_t c = c0; c < c0 + cg; ++c) {
-          const int64_t row = (b * d + c) * length + t0;
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
           const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
           T* dy0 = dy + ((b * 2) * d + c) * length + t0;
           T* dy1 = dy + ((b * 2 + 1) * d + c) * length + t0;
-          const T* zr = z + row;
-          const T* g = dm + row;
-          T* dzr = dz + row;
+          const T* zr = zs.data() + (c - c0) * TILE;
+          const T* g = gs.data() + (c - c0) * TILE;
+          T* dzr = es.data() + (c - c0) * TILE;
           const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
           T a0 = 0, a1 = 0;
 #pragma omp simd reduction(+ : a0, a1)
@@ -348,19 +474,30 @@ void merge_backward_kernel(const T* dm, const T* y, const T* z, const T* w, T* d
           dw[(b * 2) * d + c] += T(0.5) * a0;
           dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
         }
+        tile_to_tokens(es.data(), dz.at(b, t0, c0), dz.token_stride, cg, n);
       }
     }
   });
+}
+
+// A (b, L, d) token-major operand like z: unit channel stride, tokens not overlapping.
+void check_tokens_like(const at::Tensor& t, const at::Tensor& y, const char* name) {
+  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
+  TORCH_CHECK(t.sizes() == at::IntArrayRef({batch, length, d}) &&
+                  (t.stride(2) == 1 || d == 1) && t.stride(1) >= d &&
+                  (batch == 1 || t.stride(0) >= length * t.stride(1)) &&
+                  t.scalar_type() == y.scalar_type(),
+              "native merge: ", name, " must be a (b, L, d) tensor of y's dtype with unit "
+              "channel stride (a view into the projections is fine), got ", t.sizes(),
+              " strides ", t.strides());
 }
 
 void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
                  int64_t groups) {
   TORCH_CHECK(y.device().is_cpu() && y.dim() == 4 && y.size(1) == 2 && y.is_contiguous(),
               "native merge: y must be a contiguous (b, 2, d, L) CPU tensor");
-  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
-  TORCH_CHECK(z.sizes() == at::IntArrayRef({batch, d, length}) && z.is_contiguous() &&
-                  z.scalar_type() == y.scalar_type(),
-              "native merge: z must be a contiguous (b, d, L) tensor of y's dtype");
+  check_tokens_like(z, y, "z");
+  const int64_t d = y.size(2);
   TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
                   weight.scalar_type() == y.scalar_type(),
               "native merge: weight must be a contiguous (2, d) tensor of y's dtype");
@@ -368,38 +505,40 @@ void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& wei
               " groups do not divide d = ", d);
 }
 
-at::Tensor merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
-                         int64_t groups, double eps) {
+template <typename T, typename Ten>
+Tokens<T> tokens(Ten& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
+}
+
+void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
+                   int64_t groups, double eps, at::Tensor& out) {
   check_merge(y, z, weight, groups);
+  check_tokens_like(out, y, "out");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
-  auto out = at::empty({batch, d, length}, y.options());
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_forward", [&] {
-    merge_forward_kernel<scalar_t>(y.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(),
-                                   weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), batch,
-                                   d, length, groups, static_cast<scalar_t>(eps));
+    merge_forward_kernel<scalar_t>(y.data_ptr<scalar_t>(), tokens<const scalar_t>(z),
+                                   weight.data_ptr<scalar_t>(), tokens<scalar_t>(out), batch, d,
+                                   length, groups, static_cast<scalar_t>(eps));
   });
-  return out;
 }
 
 std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y,
                                        const at::Tensor& z, const at::Tensor& weight,
-                                       int64_t groups, double eps) {
+                                       int64_t groups, double eps, at::Tensor& dz) {
   check_merge(y, z, weight, groups);
-  TORCH_CHECK(dm.sizes() == z.sizes() && dm.is_contiguous() &&
-                  dm.scalar_type() == y.scalar_type(),
-              "native merge: dm must be a contiguous (b, d, L) tensor of y's dtype");
+  check_tokens_like(dm, y, "dm");
+  check_tokens_like(dz, y, "dz");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   auto dy = at::empty_like(y);
-  auto dz = at::empty_like(z);
   auto dw = at::empty({batch, 2, d}, y.options());
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_backward", [&] {
-    merge_backward_kernel<scalar_t>(dm.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                                    z.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-                                    dy.data_ptr<scalar_t>(), dz.data_ptr<scalar_t>(),
+    merge_backward_kernel<scalar_t>(tokens<const scalar_t>(dm), y.data_ptr<scalar_t>(),
+                                    tokens<const scalar_t>(z), weight.data_ptr<scalar_t>(),
+                                    dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
                                     dw.data_ptr<scalar_t>(), batch, d, length, groups,
                                     static_cast<scalar_t>(eps));
   });
-  return {dy, dz, dw.sum(0)};
+  return {dy, dw.sum(0)};
 }
 
 // ---- the SSD scan's strongly decaying heads (ssd_quadratic_heads.py) ----
@@ -724,94 +863,7 @@ std::vector<at::Tensor> scan_backward_pointwise(at::Tensor& dxs, const at::Tenso
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transposed copies between the token-major projections (b, L, C) and the channel-major layout
-// of the kernels above (b, C, L): dst[b, i, j] = src[b, j, i]. PyTorch's strided copy reads or
-// writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
-// loaded row by row, transposed in registers and stored row by row. Edge tiles and doubles go
-// element by element (inside a tile, so both sides still stay in cache).
-constexpr int64_t TRANSPOSE_TILE = 16;
-
-template <typename T>
-inline void transpose_tile_scalar(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
-                                  int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) d[i * ds + j] = s[j * ss + i];
-}
-
-#if defined(__AVX512F__)
-// One 16 x 16 float tile: d[i * ds + j] = s[j * ss + i].
-inline void transpose_tile16(const float* s, int64_t ss, float* d, int64_t ds) {
-  __m512 r[16], t[16];
-  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(s + k * ss);
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-    r[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
-    r[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-    r[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
-  }
-  for (int k = 0; k < 2; ++k) {
-    for (int q = 0; q < 4; ++q) {
-      t[8 * k + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0x88);
-      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0xDD);
-    }
-  }
-  for (int q = 0; q < 8; ++q) {
-    r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
-    r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
-  }
-  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(d + k * ds, r[k]);
-}
-#elif defined(__AVX__)
-// One 8 x 8 float tile: d[i * ds + j] = s[j * ss + i].
-inline void transpose_tile8(const float* s, int64_t ss, float* d, int64_t ds) {
-  __m256 r[8], t[8];
-  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + k * ss);
-  for (int k = 0; k < 4; ++k) {
-    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (int k = 0; k < 2; ++k) {
-    r[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-    r[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
-    r[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-    r[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
-  }
-  for (int q = 0; q < 4; ++q) {
-    t[q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x20);
-    t[4 + q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x31);
-  }
-  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * ds, t[k]);
-}
-#endif
-
-// A TRANSPOSE_TILE x TRANSPOSE_TILE block (or its edge part: rows x cols) of dst.
-template <typename T>
-inline void transpose_block(const T* s, int64_t ss, T* d, int64_t ds, int64_t rows,
-                            int64_t cols) {
-  transpose_tile_scalar(s, ss, d, ds, rows, cols);
-}
-
-template <>
-inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t ds,
-                                   int64_t rows, int64_t cols) {
-  if (rows == TRANSPOSE_TILE && cols == TRANSPOSE_TILE) {
-#if defined(__AVX512F__)
-    transpose_tile16(s, ss, d, ds);
-    return;
-#elif defined(__AVX__)
-    for (int64_t i = 0; i < TRANSPOSE_TILE; i += 8)
-      for (int64_t j = 0; j < TRANSPOSE_TILE; j += 8)
-        transpose_tile8(s + j * ss + i, ss, d + i * ds + j, ds);
-    return;
-#endif
-  }
-  transpose_tile_scalar(s, ss, d, ds, rows, cols);
-}
-
+// The transposed copies themselves (tiles as above, in parallel over row tiles).
 template <typename T>
 void transpose_kernel(const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols,
                       int64_t src_batch, int64_t src_row, int64_t dst_batch, int64_t dst_row) {
@@ -866,9 +918,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_silu_backward", &conv_silu_backward,
         "gradients of conv_silu_forward: [dx (b, C, L), dweight (2, C, K), dbias (2, C)]");
   m.def("merge_forward", &merge_forward,
-        "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2: y (b, 2, d, L), z (b, d, L)");
+        "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2 of y (b, 2, d, L) and the "
+        "token-major z (b, L, d), written into the token-major out (b, L, d)");
   m.def("merge_backward", &merge_backward,
-        "gradients of merge_forward for dm (b, d, L): [dy, dz, dweight (2, d)]");
+        "gradients of merge_forward for the token-major dm (b, L, d): writes dz (b, L, d), "
+        "returns [dy (b, 2, d, L), dweight (2, d)]");
   m.def("wide_weights", &wide_weights,
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
