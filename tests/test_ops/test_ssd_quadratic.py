@@ -5,8 +5,8 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from mmdinomamba.ops import (fast_path_variant, ssd_scan, ssd_scan_quadratic, ssd_scan_ref,
-                             use_quadratic_form)
+from mmdinomamba.ops import (WIDE_TOKENS, fast_path_variant, ssd_scan, ssd_scan_quadratic,
+                             ssd_scan_ref, use_quadratic_form)
 from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
 from mmdinomamba.ops.ssd_triangles import block_bounds
 
@@ -120,6 +120,14 @@ def test_triangle_blocks_equal_the_full_products():
             results.append((y, *scan_backward(dy, x, dt, A, B, C, st, True)))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_scans_of_at_most_wide_tokens_keep_the_quadratic_form():
+    """A share of strongly decaying heads is at most 1, so at ``WIDE_TOKENS`` tokens or fewer
+    the quadratic form is kept whatever the decay (the demo's crops: no step sizes looked at)."""
+    x, dt, A = gentle_inputs(WIDE_TOKENS, seed=12)[:3]
+    assert use_quadratic_form(dt * 300.0, A, HEADDIM, 16)
+    assert not use_quadratic_form(torch.cat([dt, dt[:, :1]], 1) * 300.0, A, HEADDIM, 16)
 
 
 def test_strongly_decaying_heads_move_short_scans_to_the_chunked_form():

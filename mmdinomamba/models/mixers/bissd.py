@@ -15,7 +15,7 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from mmdinomamba.ops import (SSD_BACKENDS, InnerDims, _triton, bidir_causal_conv1d,
+from mmdinomamba.ops import (SSD_BACKENDS, WIDE_TOKENS, InnerDims, _triton, bidir_causal_conv1d,
                              bidir_conv_scan, bidir_gated_merge, bidir_ssd_inner, current_variant,
                              gated_rms_norm, quadratic_max_len, ssd_scan, use_quadratic_form)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
@@ -198,6 +198,8 @@ class BiSSD(BiSSDMatrices, BaseModule):
         scan for this input (:func:`~mmdinomamba.ops.use_quadratic_form`)."""
         if proj.shape[1] > quadratic_max_len(self.headdim, self.d_state):
             return False
+        if proj.shape[1] <= WIDE_TOKENS:  # the decision needs no step sizes (the demo's crops)
+            return True
         with torch.no_grad():
             dt, dt_bias, A, _ = self._direction_params(proj[..., -self.num_heads:])
             dt = F.softplus(dt.float() + dt_bias.float())

@@ -158,6 +158,7 @@ def test_strong_decay_takes_the_chunked_scan_with_the_same_result():
         m.A_log.fill_(8.0)  # A = -e^8: every head's decay range far above FACTORED_RANGE
         m.A_log_b.fill_(8.0)
     assert not m._quadratic_pays(m.in_proj(x))
+    assert m._quadratic_pays(m.in_proj(x[:, :96]))  # a share of at most 1 at 96 tokens
     y = m(x)
     m.backend = 'ref'
     torch.testing.assert_close(y, m(x), rtol=1e-10, atol=1e-10)
