@@ -147,7 +147,7 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     """Mixed output (b, L, d) in the compute dtype (written into ``out`` if that has it) and
     what the backward pass needs."""
     ct = torch.promote_types(proj.dtype, torch.float32)
-    xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
     u, Bm, Cm = _split_conv(act, dims)
     dt = softplus(_dt(proj, dt_bias, dims, ct))
     y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native)
@@ -162,26 +162,38 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
 
 def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
           dtype: torch.dtype, native: bool) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Padded channel-major conv input ``xp``, both directions' pre-activations (None from the
-    native kernel, whose backward recomputes them) and their SiLU."""
-    xp = pad_channel_major(proj[..., dims.d_inner:dims.d_inner + dims.conv_dim], dims.kernel,
-                           dtype, native)
+    """The conv input, both directions' pre-activations (None from the native kernel, whose
+    backward recomputes them) and their SiLU. The input is the padded channel-major ``xp`` of
+    :func:`pad_channel_major` for the PyTorch ops, the token-major ``x`` part of the projection
+    itself (or its copy in ``dtype``) for the native kernel, which transposes block by block."""
+    xbc = proj[..., dims.d_inner:dims.d_inner + dims.conv_dim]
     weight, bias = conv_weight.to(dtype), None if conv_bias is None else conv_bias.to(dtype)
     if native:
-        return xp, None, native_cpu.conv_silu_forward(xp, weight, bias)
+        xbc = _tokens(xbc, dtype)
+        return xbc, None, native_cpu.conv_silu_forward(xbc, weight, bias)
+    xp = pad_channel_major(xbc, dims.kernel, dtype)
     pre = bidir_conv_forward(xp, weight, bias)
     return xp, pre, F.silu(pre)
 
 
-def _conv_backward(dact: Tensor, xp: Tensor, pre: Tensor | None, conv_weight: Tensor,
-                   conv_bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Gradients of :func:`_conv`'s SiLU output: ``dx`` (b, C, L), ``dweight``, ``dbias``."""
+def _conv_backward(dact: Tensor, x: Tensor, pre: Tensor | None, conv_weight: Tensor,
+                   conv_bias: Tensor | None, dx: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Gradients of :func:`_conv`'s SiLU output for its input ``x``: writes the input's into the
+    token-major ``dx`` (b, L, C) and returns ``dweight`` and ``dbias`` (or None)."""
     if pre is None:
-        weight = conv_weight.to(xp.dtype)
-        return native_cpu.conv_silu_backward(
-            dact, xp, weight, None if conv_bias is None else conv_bias.to(xp.dtype))
-    return bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, conv_weight,
-                               conv_bias is not None)
+        weight = conv_weight.to(x.dtype)
+        if native_cpu.tokens_fit(x.dtype, dx):
+            return native_cpu.conv_silu_backward(
+                dact, x, weight, None if conv_bias is None else conv_bias.to(x.dtype), dx)
+        own = torch.empty(dx.shape, dtype=x.dtype)
+        grads = native_cpu.conv_silu_backward(
+            dact, x, weight, None if conv_bias is None else conv_bias.to(x.dtype), own)
+        dx.copy_(own)
+        return grads
+    dxc, dweight, dbias = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), x,
+                                              conv_weight, conv_bias is not None)
+    dx.copy_(dxc.transpose(1, 2))
+    return dweight, dbias
 
 
 def _use_native(proj: Tensor, dims: InnerDims) -> bool:
@@ -198,7 +210,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     dt, *st = kept
     st = ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
-    xp, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u, native).flatten(2, 3)
     own_dz = dproj.dtype != ct  # the merge writes dz into dproj where their dtypes agree
@@ -208,11 +220,10 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
-    dx, dweight, dbias = _conv_backward(dact, xp, pre, conv_weight, conv_bias)
+    dweight, dbias = _conv_backward(dact, xin, pre, conv_weight, conv_bias, dproj[..., d:d + c])
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
     if own_dz:
         dproj[..., :d].copy_(dz)
-    native_cpu.transpose_into(dproj[..., d:d + c], dx, native)
     dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
 

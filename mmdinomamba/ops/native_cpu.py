@@ -186,21 +186,23 @@ def load_error() -> str | None:
     return _state.get('error')
 
 
-def conv_silu_forward(xp: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``silu`` of :func:`~mmdinomamba.ops.shift_conv.bidir_conv_forward`: (b, 2, C, L) from the
-    padded channel-major ``xp`` (b, C, L + 2 (K - 1)), ``weight`` (2, C, K) and ``bias`` (2, C)
-    of ``xp``'s dtype (float32 or float64, K from 2 to 4)."""
-    return _module().conv_silu_forward(xp, weight.contiguous(),
+def conv_silu_forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``silu`` of :func:`~mmdinomamba.ops.shift_conv.bidir_conv_forward` of
+    ``pad_channel_major(x)``: (b, 2, C, L) from the token-major ``x`` (b, L, C) (unit channel
+    stride; a view into the projection is fine, :func:`tokens_fit`), ``weight`` (2, C, K) and
+    ``bias`` (2, C) of ``x``'s dtype (float32 or float64, K from 2 to 4)."""
+    return _module().conv_silu_forward(x, weight.contiguous(),
                                     None if bias is None else bias.contiguous())
 
 
-def conv_silu_backward(dact: Tensor, xp: Tensor, weight: Tensor,
-                       bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L): ``dx`` (b, C, L),
-    ``dweight`` (2, C, K) and ``dbias`` (2, C) or None (the pre-activations are recomputed)."""
-    grads = _module().conv_silu_backward(dact, xp, weight.contiguous(),
-                                      None if bias is None else bias.contiguous())
-    return grads[0], grads[1], grads[2] if bias is not None else None
+def conv_silu_backward(dact: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
+                       dx: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L): writes the input's into
+    the token-major ``dx`` (b, L, C) (like ``x``) and returns ``dweight`` (2, C, K) and
+    ``dbias`` (2, C) or None (the pre-activations are recomputed)."""
+    grads = _module().conv_silu_backward(dact, x, weight.contiguous(),
+                                      None if bias is None else bias.contiguous(), dx)
+    return grads[0], grads[1] if bias is not None else None
 
 
 def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,

@@ -28,24 +28,32 @@ def test_loading_them_keeps_subnormal_floats():
     assert 0 < tiny.item() < 1e-42
 
 
-def _composition(xp, w, b, dact):
+def _composition(x, w, b, dact):
+    """act, dx (token-major, like x), dweight, dbias of the PyTorch ops on the padded input."""
+    xp = pad_channel_major(x, w.shape[-1], x.dtype)
     pre = bidir_conv_forward(xp, w, b)
-    grads = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, w, b is not None)
-    return [F.silu(pre), *grads]
+    dx, dw, db = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, w, b is not None)
+    return [F.silu(pre), dx.transpose(1, 2), dw, db]
+
+
+def _native_conv(x, w, b, dact):
+    dx = torch.full(x.shape, float('nan'), dtype=x.dtype)
+    dw, db = native_cpu.conv_silu_backward(dact, x, w, b, dx)
+    return [native_cpu.conv_silu_forward(x, w, b), dx, dw, db]
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 @pytest.mark.parametrize('kernel', [2, 3, 4])
 @pytest.mark.parametrize('with_bias', [True, False])
 def test_equals_the_composition(dtype, tol, kernel, with_bias):
-    x = torch.randn(3, 37, 20, dtype=dtype)
+    # the input a token-major view into a wider tensor (as into the projection); 37 tokens and
+    # 20 channels: full and partial blocks of 16
+    x = torch.randn(3, 37, 29, dtype=dtype)[..., 4:24]
     w = torch.randn(2, 20, kernel, dtype=dtype)
     b = torch.randn(2, 20, dtype=dtype) if with_bias else None
-    xp = pad_channel_major(x, kernel, dtype)
     dact = torch.randn(3, 2, 20, 37, dtype=dtype)
-    want = _composition(xp, w, b, dact)
-    got = [native_cpu.conv_silu_forward(xp, w, b),
-           *native_cpu.conv_silu_backward(dact, xp, w, b)]
+    want = _composition(x, w, b, dact)
+    got = _native_conv(x, w, b, dact)
     assert (got[-1] is None) == (not with_bias)
     for name, g, r in zip(['act', 'dx', 'dweight', 'dbias'], got, want):
         if r is not None:
@@ -53,29 +61,43 @@ def test_equals_the_composition(dtype, tol, kernel, with_bias):
                                        msg=name)
 
 
+def test_conv_writes_its_input_gradient_into_a_view():
+    # dx as a (b, L, C) view into a wider buffer (the projection's gradient): nothing outside
+    x, w, b = torch.randn(2, 33, 40), torch.randn(2, 40, 4), torch.randn(2, 40)
+    dact = torch.randn(2, 2, 40, 33)
+    grad = torch.zeros(2, 33, 60)
+    native_cpu.conv_silu_backward(dact, x, w, b, grad[..., 7:47])
+    torch.testing.assert_close(grad[..., 7:47], _composition(x, w, b, dact)[1], rtol=1e-5,
+                               atol=1e-5)
+    assert (grad[..., :7] == 0).all() and (grad[..., 47:] == 0).all()
+
+
 def test_saturated_activations_stay_finite():
     # pre-activations of +-1e4: exp overflows inside SiLU, its value and gradient do not
     x = torch.randn(2, 9, 4) * 1e4
     w, b = torch.ones(2, 4, 4), torch.zeros(2, 4)
-    xp = pad_channel_major(x, 4, torch.float32)
     dact = torch.randn(2, 2, 4, 9)
-    want = _composition(xp, w, b, dact)
-    got = [native_cpu.conv_silu_forward(xp, w, b), *native_cpu.conv_silu_backward(dact, xp, w, b)]
+    want = _composition(x, w, b, dact)
+    got = _native_conv(x, w, b, dact)
     for g, r in zip(got, want):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
 
 
 def test_bad_input_is_named():
-    xp = torch.randn(2, 4, 15)
+    x = torch.randn(2, 9, 4)
     with pytest.raises(RuntimeError, match='weight must be a contiguous \\(2, C, K\\)'):
-        native_cpu.conv_silu_forward(xp, torch.randn(2, 5, 4), None)
-    with pytest.raises(RuntimeError, match='xp must be a contiguous'):
-        native_cpu.conv_silu_forward(xp.transpose(1, 2), torch.randn(2, 15, 4), None)
+        native_cpu.conv_silu_forward(x, torch.randn(2, 5, 4), None)
+    with pytest.raises(RuntimeError, match='x must be a \\(b, L, C\\)'):
+        native_cpu.conv_silu_forward(x.transpose(1, 2), torch.randn(2, 9, 4), None)
     with pytest.raises(RuntimeError, match='kernel sizes 2-4 only, got 5'):
-        native_cpu.conv_silu_forward(xp, torch.randn(2, 4, 5), None)
+        native_cpu.conv_silu_forward(x, torch.randn(2, 4, 5), None)
     with pytest.raises(RuntimeError, match='dact must be \\(b, 2, C, L\\)'):
-        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), xp, torch.randn(2, 4, 4), None)
+        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), x, torch.randn(2, 4, 4), None,
+                                      torch.empty(2, 9, 4))
+    with pytest.raises(RuntimeError, match='dx must be a \\(b, L, C\\)'):
+        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 9), x, torch.randn(2, 4, 4), None,
+                                      torch.empty(2, 4, 9))
 
 
 def _merge_both(y, z, w, dm, dims):
@@ -139,13 +161,13 @@ def test_merge_bad_input_is_named():
     out = torch.empty(2, 5, 8)
     with pytest.raises(RuntimeError, match='3 groups do not divide d = 8'):
         native_cpu.merge_forward(y, z, w, 3, 1e-5, out)
-    with pytest.raises(RuntimeError, match=r'z must be a \(b, L, d\) tensor'):
+    with pytest.raises(RuntimeError, match=r'z must be a \(b, L, C\) = \(2, 5, 8\)'):
         native_cpu.merge_forward(y, z.transpose(1, 2).contiguous(), w, 1, 1e-5, out)
-    with pytest.raises(RuntimeError, match=r'out must be a \(b, L, d\) tensor'):
+    with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\)'):
         native_cpu.merge_forward(y, z, w, 1, 1e-5, out.transpose(1, 2).contiguous())
-    with pytest.raises(RuntimeError, match=r'dm must be a \(b, L, d\) tensor'):
+    with pytest.raises(RuntimeError, match=r'dm must be a \(b, L, C\)'):
         native_cpu.merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out)
-    with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, d\) tensor'):
+    with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, C\)'):
         native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2])
 
 
@@ -310,7 +332,8 @@ def test_results_do_not_depend_on_the_thread_count():
     # every output (and every per-sample or per-run partial sum) is computed by one thread in a
     # fixed order: one and two threads give the same bits
     gen = torch.Generator().manual_seed(0)
-    xp = torch.randn(6, 40, 43, generator=gen)
+    xp = torch.randn(6, 40, 43, generator=gen)  # (b, C, L): the transpose's input
+    xc = torch.randn(6, 37, 40, generator=gen)  # (b, L, C): the conv's
     w, b = torch.randn(2, 40, 4, generator=gen), torch.randn(2, 40, generator=gen)
     dact = torch.randn(6, 2, 40, 37, generator=gen)
     y, z = torch.randn(6, 2, 32, 70, generator=gen), torch.randn(6, 70, 32, generator=gen)
@@ -322,8 +345,9 @@ def test_results_do_not_depend_on_the_thread_count():
 
     def run():
         dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
-        return [native_cpu.conv_silu_forward(xp, w, b),
-                *native_cpu.conv_silu_backward(dact, xp, w, b),
+        dx = torch.empty(6, 37, 40)
+        return [native_cpu.conv_silu_forward(xc, w, b),
+                *native_cpu.conv_silu_backward(dact, xc, w, b, dx), dx,
                 native_cpu.merge_forward(y, z, nw, 2, 1e-5, torch.empty(6, 70, 32)),
                 *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5, dz), dz,
                 native_cpu.wide_weights(hi, cb, index, 0, False),
@@ -379,24 +403,27 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
 
 
 def test_fast_path_changes_layout_in_them(monkeypatch):
-    # every token-major <-> channel-major copy of the fast path (the conv input in the forward
-    # pass and again in the backward pass, and its gradient; the merge transposes its gate,
-    # output and their gradients tile by tile itself) goes to the native transpose, which takes
-    # it (same dtype, unit inner strides); with the kernels switched off, to PyTorch's copy
-    m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    # the conv and the merge read and write the token-major projections themselves (block by
+    # block in cache): with a weight in the merge the fast path copies nothing across layouts;
+    # without, the merge's copies (the forward pass's gate, the backward pass's gate and output
+    # gradient, and the gate's gradient back) go to the native transpose, which takes them
+    # (same dtype, unit inner strides); with the kernels switched off, to PyTorch's copy
     x = torch.randn(3, 23, 32, dtype=torch.float64)
     module, calls = native_cpu.load(), []
     taken = module.transpose_into
     monkeypatch.setattr(module, 'transpose_into',
                         lambda d, s: calls.append('native') or taken(d, s))
-    native = _grads(m, x)
-    assert calls == ['native'] * 3
-    calls.clear()
-    with fast_path_variant(native_cpu=False):
-        ops = _grads(m, x)
-    assert calls == []
-    for a, b in zip(native, ops):
-        assert torch.equal(a, b) or torch.allclose(a, b, rtol=1e-12, atol=1e-13)
+    for rmsnorm, copies in ((True, 0), (False, 4)):
+        m = BiSSD(embed_dims=32, d_state=8, headdim=8, rmsnorm=rmsnorm).double()
+        calls.clear()
+        native = _grads(m, x)
+        assert calls == ['native'] * copies
+        calls.clear()
+        with fast_path_variant(native_cpu=False):
+            ops = _grads(m, x)
+        assert calls == []
+        for a, b in zip(native, ops):
+            assert torch.equal(a, b) or torch.allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
 def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):

@@ -10,8 +10,11 @@
 // Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
 // filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
 // (the conv of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k].
-// Each direction is one pass over its row; the backward pass recomputes the pre-activations
-// instead of reading them.
+// The kernels read the token-major projection (b, L, C) and build xp block by block of channels
+// in cache; the backward pass writes the input gradient token-major the same way. Each direction
+// is one pass over its row; the backward pass recomputes the pre-activations instead of reading
+// them. The merge reads its gate and writes its output token-major too, so between the
+// projections only the merge without RMSNorm still copies whole tensors across layouts.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -26,205 +29,6 @@
 #include <vector>
 
 namespace {
-
-// exp(-p) with the exponent capped at 80 (under -ffast-math, a division by an infinite
-// 1 + exp(-p) may give NaN; exp(-80) is far below the resolution of SiLU at such p).
-template <typename T>
-inline T exp_neg(T p) {
-  return std::exp(std::min(-p, T(80)));
-}
-
-// silu(p) = p / (1 + exp(-p)).
-template <typename T>
-inline T silu(T p) {
-  return p / (T(1) + exp_neg(p));
-}
-
-// silu'(p) = s (1 + p (1 - s)) from e = exp_neg(p) and s = 1 / (1 + e), written with
-// 1 - s = e s: no difference of near-equal terms that reassociation could create. p is capped
-// below at -80 as e is: -ffast-math may multiply p e first, which overflows float32 for
-// p < -6000 or so against e = exp(80); below -80 the derivative is below 1.5e-33 anyway.
-template <typename T>
-inline T silu_grad(T p, T e, T s) {
-  return s * (T(1) + std::max(p, T(-80)) * e * s);
-}
-
-// Pre-activation of direction D at token t (x points at the padded row).
-template <int D, int K, typename T>
-inline T pre_activation(const T* x, const T* w, T bias, int64_t t) {
-  T p = bias;
-#pragma GCC unroll 8
-  for (int k = 0; k < K; ++k) p += w[k] * x[t + (D == 0 ? k : 2 * (K - 1) - k)];
-  return p;
-}
-
-template <int D, int K, typename T>
-void silu_row(const T* x, const T* w, T bias, T* out, int64_t length) {
-#pragma omp simd
-  for (int64_t t = 0; t < length; ++t) {
-    const T p = pre_activation<D, K>(x, w, bias, t);
-    out[t] = silu(p);
-  }
-}
-
-template <int K, typename T>
-void forward_kernel(const T* xp, const T* weight, const T* bias, T* act, int64_t batch,
-                    int64_t channels, int64_t length) {
-  const int64_t padded = length + 2 * (K - 1);
-  at::parallel_for(0, batch * channels, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / channels, c = row % channels;
-      const T* x = xp + row * padded;
-      silu_row<0, K>(x, weight + c * K, bias ? bias[c] : T(0),
-                     act + (b * 2 * channels + c) * length, length);
-      silu_row<1, K>(x, weight + (channels + c) * K, bias ? bias[channels + c] : T(0),
-                     act + ((b * 2 + 1) * channels + c) * length, length);
-    }
-  });
-}
-
-// d(pre) of direction D into g[t + K - 1] (g zero-padded by K - 1 on both sides); adds the
-// row's filter and bias gradients to dw[0..K) and *db, in the same pass (the taps' inputs are
-// loaded for the pre-activation anyway).
-template <int D, int K, typename T>
-void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
-              int64_t length) {
-  T accb = 0, a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+ : accb, a0, a1, a2, a3)
-  for (int64_t t = 0; t < length; ++t) {
-    T xs[K];
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) xs[k] = x[t + (D == 0 ? k : 2 * (K - 1) - k)];
-    T p = bias;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) p += w[k] * xs[k];
-    const T e = exp_neg(p);
-    const T q = dact[t] * silu_grad(p, e, T(1) / (T(1) + e));
-    g[t + K - 1] = q;
-    accb += q;
-    a0 += q * xs[0];
-    if constexpr (K > 1) a1 += q * xs[1];
-    if constexpr (K > 2) a2 += q * xs[2];
-    if constexpr (K > 3) a3 += q * xs[3];
-  }
-  const T a[4] = {a0, a1, a2, a3};
-  for (int k = 0; k < K; ++k) dw[k] += a[k];
-  *db += accb;
-}
-
-template <int K, typename T>
-void backward_kernel(const T* xp, const T* weight, const T* bias, const T* dact, T* dx, T* dw,
-                     T* db, int64_t batch, int64_t channels, int64_t length) {
-  const int64_t padded = length + 2 * (K - 1);
-  // channels in parallel: each thread owns its channels' filter gradients; inside, the batch
-  // outer and the thread's channels inner, so that each sample's rows are read in memory order
-  at::parallel_for(0, channels, 4, [&](int64_t begin, int64_t end) {
-    const int64_t n = end - begin;
-    std::vector<T> g0(length + 2 * (K - 1), T(0)), g1(length + 2 * (K - 1), T(0));
-    std::vector<T> dws(2 * n * K, T(0)), dbs(2 * n, T(0));  // direction-major
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t i = c - begin;
-        const T* w0 = weight + c * K;
-        const T* w1 = weight + (channels + c) * K;
-        const T* x = xp + (b * channels + c) * padded;
-        grad_row<0, K>(x, w0, bias ? bias[c] : T(0), dact + (b * 2 * channels + c) * length,
-                       g0.data(), dws.data() + i * K, dbs.data() + i, length);
-        grad_row<1, K>(x, w1, bias ? bias[channels + c] : T(0),
-                       dact + ((b * 2 + 1) * channels + c) * length, g1.data(),
-                       dws.data() + (n + i) * K, dbs.data() + n + i, length);
-        // input token s sits at padded index s + K - 1: direction 0's tap k read it at
-        // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
-        T* out = dx + (b * channels + c) * length;
-        const T* h0 = g0.data();
-        const T* h1 = g1.data();
-#pragma omp simd
-        for (int64_t s = 0; s < length; ++s) {
-          T v = 0;
-#pragma GCC unroll 8
-          for (int k = 0; k < K; ++k) v += w0[k] * h0[s + 2 * (K - 1) - k] + w1[k] * h1[s + k];
-          out[s] = v;
-        }
-      }
-    }
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t i = c - begin;
-      for (int k = 0; k < K; ++k) {
-        dw[c * K + k] = dws[i * K + k];
-        dw[(channels + c) * K + k] = dws[(n + i) * K + k];
-      }
-      if (db) {
-        db[c] = dbs[i];
-        db[channels + c] = dbs[n + i];
-      }
-    }
-  });
-}
-
-void check(const at::Tensor& xp, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(xp.device().is_cpu() && xp.dim() == 3 && xp.is_contiguous(),
-              "native conv: xp must be a contiguous (b, C, L + 2 (K - 1)) CPU tensor");
-  TORCH_CHECK(weight.dim() == 3 && weight.size(0) == 2 && weight.size(1) == xp.size(1) &&
-                  weight.is_contiguous() && weight.scalar_type() == xp.scalar_type(),
-              "native conv: weight must be a contiguous (2, C, K) tensor of xp's dtype");
-  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == 2 * xp.size(1) &&
-                        bias->scalar_type() == xp.scalar_type()),
-              "native conv: bias must be a contiguous (2, C) tensor of xp's dtype");
-  TORCH_CHECK(xp.size(2) > 2 * (weight.size(2) - 1), "native conv: empty sequence");
-}
-
-template <typename F>
-void with_kernel_size(int64_t k, F&& f) {
-  switch (k) {
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    default: TORCH_CHECK(false, "native conv: kernel sizes 2-4 only, got ", k);
-  }
-}
-
-at::Tensor conv_silu_forward(const at::Tensor& xp, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias) {
-  check(xp, weight, bias);
-  const int64_t batch = xp.size(0), channels = xp.size(1), kernel = weight.size(2);
-  const int64_t length = xp.size(2) - 2 * (kernel - 1);
-  auto act = at::empty({batch, 2, channels, length}, xp.options());
-  AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "conv_silu_forward", [&] {
-    with_kernel_size(kernel, [&](auto K) {
-      forward_kernel<decltype(K)::value, scalar_t>(
-          xp.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-          bias ? bias->data_ptr<scalar_t>() : nullptr, act.data_ptr<scalar_t>(), batch, channels,
-          length);
-    });
-  });
-  return act;
-}
-
-std::vector<at::Tensor> conv_silu_backward(const at::Tensor& dact, const at::Tensor& xp,
-                                           const at::Tensor& weight,
-                                           const std::optional<at::Tensor>& bias) {
-  check(xp, weight, bias);
-  const int64_t batch = xp.size(0), channels = xp.size(1), kernel = weight.size(2);
-  const int64_t length = xp.size(2) - 2 * (kernel - 1);
-  TORCH_CHECK(dact.sizes() == at::IntArrayRef({batch, 2, channels, length}) &&
-                  dact.scalar_type() == xp.scalar_type(),
-              "native conv: dact must be (b, 2, C, L) of xp's dtype");
-  const auto g = dact.contiguous();
-  auto dx = at::empty({batch, channels, length}, xp.options());
-  auto dw = at::empty_like(weight);
-  auto db = at::empty({2, channels}, xp.options());
-  AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "conv_silu_backward", [&] {
-    with_kernel_size(kernel, [&](auto K) {
-      backward_kernel<decltype(K)::value, scalar_t>(
-          xp.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-          bias ? bias->data_ptr<scalar_t>() : nullptr, g.data_ptr<scalar_t>(),
-          dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(),
-          bias ? db.data_ptr<scalar_t>() : nullptr, batch, channels, length);
-    });
-  });
-  if (!bias) return {dx, dw};
-  return {dx, dw, db};
-}
 
 // ---------------------------------------------------------------------------------------------
 // Tile transposes between the token-major projections (b, L, C) and the channel-major layout
@@ -316,6 +120,273 @@ inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t
   transpose_tile_scalar(s, ss, d, ds, rows, cols);
 }
 
+// Token-major (n tokens x nc channels, token stride ts) -> channel-major rows of stride ds.
+template <typename T>
+void to_channels(const T* src, int64_t ts, T* dst, int64_t ds, int64_t nc, int64_t n) {
+  for (int64_t c = 0; c < nc; c += TRANSPOSE_TILE)
+    for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
+      transpose_block(src + t * ts + c, ts, dst + c * ds + t, ds, std::min(TRANSPOSE_TILE, nc - c),
+                      std::min(TRANSPOSE_TILE, n - t));
+}
+
+// Channel-major rows of stride ds (nc channels x n tokens) -> token-major (token stride ts).
+template <typename T>
+void to_tokens(const T* src, int64_t ds, T* dst, int64_t ts, int64_t nc, int64_t n) {
+  for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
+    for (int64_t c = 0; c < nc; c += TRANSPOSE_TILE)
+      transpose_block(src + c * ds + t, ds, dst + t * ts + c, ts, std::min(TRANSPOSE_TILE, n - t),
+                      std::min(TRANSPOSE_TILE, nc - c));
+}
+
+// A token-major (b, L, C) operand (a view into the projections or their gradient): its data and
+// strides (unit channel stride).
+template <typename T>
+struct Tokens {
+  T* data;
+  int64_t batch_stride, token_stride;
+  T* at(int64_t b, int64_t t, int64_t c) const {
+    return data + b * batch_stride + t * token_stride + c;
+  }
+};
+
+template <typename T, typename Ten>
+Tokens<T> tokens(Ten& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
+}
+
+// A (b, L, C) token-major operand: unit channel stride, tokens and samples apart.
+void check_token_major(const at::Tensor& t, int64_t batch, int64_t length, int64_t channels,
+                       at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 3 &&
+                  t.sizes() == at::IntArrayRef({batch, length, channels}) &&
+                  (t.stride(2) == 1 || channels == 1) && t.stride(1) >= channels &&
+                  (batch == 1 || t.stride(0) >= length * t.stride(1)) && t.scalar_type() == dtype,
+              what, " must be a (b, L, C) = (", batch, ", ", length, ", ", channels,
+              ") CPU tensor of the right dtype with unit channel stride (a view into the "
+              "projections is fine), got ", t.sizes(), " strides ", t.strides());
+}
+
+
+// exp(-p) with the exponent capped at 80 (under -ffast-math, a division by an infinite
+// 1 + exp(-p) may give NaN; exp(-80) is far below the resolution of SiLU at such p).
+template <typename T>
+inline T exp_neg(T p) {
+  return std::exp(std::min(-p, T(80)));
+}
+
+// silu(p) = p / (1 + exp(-p)).
+template <typename T>
+inline T silu(T p) {
+  return p / (T(1) + exp_neg(p));
+}
+
+// silu'(p) = s (1 + p (1 - s)) from e = exp_neg(p) and s = 1 / (1 + e), written with
+// 1 - s = e s: no difference of near-equal terms that reassociation could create. p is capped
+// below at -80 as e is: -ffast-math may multiply p e first, which overflows float32 for
+// p < -6000 or so against e = exp(80); below -80 the derivative is below 1.5e-33 anyway.
+template <typename T>
+inline T silu_grad(T p, T e, T s) {
+  return s * (T(1) + std::max(p, T(-80)) * e * s);
+}
+
+// Pre-activation of direction D at token t (x points at the padded row).
+template <int D, int K, typename T>
+inline T pre_activation(const T* x, const T* w, T bias, int64_t t) {
+  T p = bias;
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) p += w[k] * x[t + (D == 0 ? k : 2 * (K - 1) - k)];
+  return p;
+}
+
+template <int D, int K, typename T>
+void silu_row(const T* x, const T* w, T bias, T* out, int64_t length) {
+#pragma omp simd
+  for (int64_t t = 0; t < length; ++t) {
+    const T p = pre_activation<D, K>(x, w, bias, t);
+    out[t] = silu(p);
+  }
+}
+
+// Per sample and block of TRANSPOSE_TILE channels, the block's rows of the token-major input are
+// transposed into a zero-padded channel-major buffer that stays in cache (the layout of
+// shift_conv.py's xp), and each row is one pass per direction.
+template <int K, typename T>
+void forward_kernel(Tokens<const T> x, const T* weight, const T* bias, T* act, int64_t batch,
+                    int64_t channels, int64_t length) {
+  const int64_t padded = length + 2 * (K - 1);
+  const int64_t blocks = (channels + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  at::parallel_for(0, batch * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> buf(TRANSPOSE_TILE * padded, T(0));  // its padding stays zero
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / blocks, c0 = (item % blocks) * TRANSPOSE_TILE;
+      const int64_t nc = std::min(TRANSPOSE_TILE, channels - c0);
+      to_channels(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
+      for (int64_t i = 0; i < nc; ++i) {
+        const int64_t c = c0 + i;
+        const T* xr = buf.data() + i * padded;
+        silu_row<0, K>(xr, weight + c * K, bias ? bias[c] : T(0),
+                       act + (b * 2 * channels + c) * length, length);
+        silu_row<1, K>(xr, weight + (channels + c) * K, bias ? bias[channels + c] : T(0),
+                       act + ((b * 2 + 1) * channels + c) * length, length);
+      }
+    }
+  });
+}
+
+// d(pre) of direction D into g[t + K - 1] (g zero-padded by K - 1 on both sides); adds the
+// row's filter and bias gradients to dw[0..K) and *db, in the same pass (the taps' inputs are
+// loaded for the pre-activation anyway).
+template <int D, int K, typename T>
+void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
+              int64_t length) {
+  T accb = 0, a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : accb, a0, a1, a2, a3)
+  for (int64_t t = 0; t < length; ++t) {
+    T xs[K];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) xs[k] = x[t + (D == 0 ? k : 2 * (K - 1) - k)];
+    T p = bias;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) p += w[k] * xs[k];
+    const T e = exp_neg(p);
+    const T q = dact[t] * silu_grad(p, e, T(1) / (T(1) + e));
+    g[t + K - 1] = q;
+    accb += q;
+    a0 += q * xs[0];
+    if constexpr (K > 1) a1 += q * xs[1];
+    if constexpr (K > 2) a2 += q * xs[2];
+    if constexpr (K > 3) a3 += q * xs[3];
+  }
+  const T a[4] = {a0, a1, a2, a3};
+  for (int k = 0; k < K; ++k) dw[k] += a[k];
+  *db += accb;
+}
+
+template <int K, typename T>
+void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, const T* dact,
+                     Tokens<T> dx, T* dw, T* db, int64_t batch, int64_t channels, int64_t length) {
+  const int64_t padded = length + 2 * (K - 1);
+  const int64_t blocks = (channels + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  // blocks of channels in parallel: each thread owns its channels' filter gradients; inside,
+  // sample by sample, the block's input rows transposed into a padded buffer as in the forward
+  // pass and its rows of dx transposed back into the token-major dx
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t n = TRANSPOSE_TILE;
+    std::vector<T> buf(n * padded, T(0)), rows(n * length);
+    std::vector<T> g0(padded, T(0)), g1(padded, T(0));
+    std::vector<T> dws(2 * n * K), dbs(2 * n);  // direction-major
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t c0 = blk * n, nc = std::min(n, channels - c0);
+      std::fill(dws.begin(), dws.end(), T(0));
+      std::fill(dbs.begin(), dbs.end(), T(0));
+      for (int64_t b = 0; b < batch; ++b) {
+        to_channels(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
+        for (int64_t i = 0; i < nc; ++i) {
+          const int64_t c = c0 + i;
+          const T* w0 = weight + c * K;
+          const T* w1 = weight + (channels + c) * K;
+          const T* xr = buf.data() + i * padded;
+          grad_row<0, K>(xr, w0, bias ? bias[c] : T(0), dact + (b * 2 * channels + c) * length,
+                         g0.data(), dws.data() + i * K, dbs.data() + i, length);
+          grad_row<1, K>(xr, w1, bias ? bias[channels + c] : T(0),
+                         dact + ((b * 2 + 1) * channels + c) * length, g1.data(),
+                         dws.data() + (n + i) * K, dbs.data() + n + i, length);
+          // input token s sits at padded index s + K - 1: direction 0's tap k read it at
+          // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
+          T* out = rows.data() + i * length;
+          const T* h0 = g0.data();
+          const T* h1 = g1.data();
+#pragma omp simd
+          for (int64_t s = 0; s < length; ++s) {
+            T v = 0;
+#pragma GCC unroll 8
+            for (int k = 0; k < K; ++k) v += w0[k] * h0[s + 2 * (K - 1) - k] + w1[k] * h1[s + k];
+            out[s] = v;
+          }
+        }
+        to_tokens(rows.data(), length, dx.at(b, 0, c0), dx.token_stride, nc, length);
+      }
+      for (int64_t i = 0; i < nc; ++i) {
+        const int64_t c = c0 + i;
+        for (int k = 0; k < K; ++k) {
+          dw[c * K + k] = dws[i * K + k];
+          dw[(channels + c) * K + k] = dws[(n + i) * K + k];
+        }
+        if (db) {
+          db[c] = dbs[i];
+          db[channels + c] = dbs[n + i];
+        }
+      }
+    }
+  });
+}
+
+void check(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 3, "native conv: x must be a (b, L, C) tensor, got ", x.sizes());
+  check_token_major(x, x.size(0), x.size(1), x.size(2), x.scalar_type(), "native conv: x");
+  TORCH_CHECK(weight.dim() == 3 && weight.size(0) == 2 && weight.size(1) == x.size(2) &&
+                  weight.is_contiguous() && weight.scalar_type() == x.scalar_type(),
+              "native conv: weight must be a contiguous (2, C, K) tensor of x's dtype");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->numel() == 2 * x.size(2) &&
+                        bias->scalar_type() == x.scalar_type()),
+              "native conv: bias must be a contiguous (2, C) tensor of x's dtype");
+  TORCH_CHECK(x.size(1) > 0, "native conv: empty sequence");
+}
+
+template <typename F>
+void with_kernel_size(int64_t k, F&& f) {
+  switch (k) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: TORCH_CHECK(false, "native conv: kernel sizes 2-4 only, got ", k);
+  }
+}
+
+at::Tensor conv_silu_forward(const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias) {
+  check(x, weight, bias);
+  const int64_t batch = x.size(0), length = x.size(1), channels = x.size(2);
+  const int64_t kernel = weight.size(2);
+  auto act = at::empty({batch, 2, channels, length}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_silu_forward", [&] {
+    with_kernel_size(kernel, [&](auto K) {
+      forward_kernel<decltype(K)::value, scalar_t>(
+          tokens<const scalar_t>(x), weight.data_ptr<scalar_t>(),
+          bias ? bias->data_ptr<scalar_t>() : nullptr, act.data_ptr<scalar_t>(), batch, channels,
+          length);
+    });
+  });
+  return act;
+}
+
+std::vector<at::Tensor> conv_silu_backward(const at::Tensor& dact, const at::Tensor& x,
+                                           const at::Tensor& weight,
+                                           const std::optional<at::Tensor>& bias,
+                                           at::Tensor& dx) {
+  check(x, weight, bias);
+  const int64_t batch = x.size(0), length = x.size(1), channels = x.size(2);
+  const int64_t kernel = weight.size(2);
+  TORCH_CHECK(dact.sizes() == at::IntArrayRef({batch, 2, channels, length}) &&
+                  dact.scalar_type() == x.scalar_type(),
+              "native conv: dact must be (b, 2, C, L) of x's dtype");
+  check_token_major(dx, batch, length, channels, x.scalar_type(), "native conv: dx");
+  const auto g = dact.contiguous();
+  auto dw = at::empty_like(weight);
+  auto db = at::empty({2, channels}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_silu_backward", [&] {
+    with_kernel_size(kernel, [&](auto K) {
+      backward_kernel<decltype(K)::value, scalar_t>(
+          tokens<const scalar_t>(x), weight.data_ptr<scalar_t>(),
+          bias ? bias->data_ptr<scalar_t>() : nullptr, g.data_ptr<scalar_t>(),
+          tokens<scalar_t>(dx), dw.data_ptr<scalar_t>(),
+          bias ? db.data_ptr<scalar_t>() : nullptr, batch, channels, length);
+    });
+  });
+  if (!bias) return {dw};
+  return {dw, db};
+}
+
 // ---------------------------------------------------------------------------------------------
 // The gated merge: out = (rmsnorm(y_0 g) w_0 + rmsnorm(y_1 g) w_1) / 2 with g = silu(z), the
 // root mean square over groups of d / G channels. y (b, 2, d, L) and dy are channel-major (the
@@ -325,34 +396,6 @@ inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t
 // above), two passes run over the tile while it stays in cache, and the results are
 // transposed back, so no full transposed copy of z, dm, dz or the output goes through memory.
 constexpr int64_t TILE = 64;
-
-// (n tokens x cg channels, token stride ts) -> scratch (cg rows of TILE).
-template <typename T>
-void tile_to_channels(const T* src, int64_t ts, T* scratch, int64_t cg, int64_t n) {
-  for (int64_t c = 0; c < cg; c += TRANSPOSE_TILE)
-    for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
-      transpose_block(src + t * ts + c, ts, scratch + c * TILE + t, TILE,
-                      std::min(TRANSPOSE_TILE, cg - c), std::min(TRANSPOSE_TILE, n - t));
-}
-
-// scratch (cg rows of TILE) -> (n tokens x cg channels, token stride ts).
-template <typename T>
-void tile_to_tokens(const T* scratch, T* dst, int64_t ts, int64_t cg, int64_t n) {
-  for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
-    for (int64_t c = 0; c < cg; c += TRANSPOSE_TILE)
-      transpose_block(scratch + c * TILE + t, TILE, dst + t * ts + c, ts,
-                      std::min(TRANSPOSE_TILE, n - t), std::min(TRANSPOSE_TILE, cg - c));
-}
-
-// A token-major (b, L, d) operand: its data and strides.
-template <typename T>
-struct Tokens {
-  T* data;
-  int64_t batch_stride, token_stride;
-  T* at(int64_t b, int64_t t, int64_t c) const {
-    return data + b * batch_stride + t * token_stride + c;
-  }
-};
 
 template <typename T>
 void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> out,
@@ -365,7 +408,7 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
       const int64_t b = bg / groups, c0 = (bg % groups) * cg;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
-        tile_to_channels(z.at(b, t0, c0), z.token_stride, gate.data(), cg, n);
+        to_channels(z.at(b, t0, c0), z.token_stride, gate.data(), TILE, cg, n);
         for (int64_t t = 0; t < n; ++t) ss0[t] = ss1[t] = 0;
         for (int64_t c = c0; c < c0 + cg; ++c) {
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
@@ -393,7 +436,7 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
           for (int64_t t = 0; t < n; ++t)
             o[t] = o[t] * (y0[t] * ss0[t] * w0 + y1[t] * ss1[t] * w1);
         }
-        tile_to_tokens(gate.data(), out.at(b, t0, c0), out.token_stride, cg, n);
+        to_tokens(gate.data(), TILE, out.at(b, t0, c0), out.token_stride, cg, n);
       }
     }
   });
@@ -415,8 +458,8 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
       for (int64_t c = c0; c < c0 + cg; ++c) dw[(b * 2) * d + c] = dw[(b * 2 + 1) * d + c] = 0;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
-        tile_to_channels(z.at(b, t0, c0), z.token_stride, zs.data(), cg, n);
-        tile_to_channels(dm.at(b, t0, c0), dm.token_stride, gs.data(), cg, n);
+        to_channels(z.at(b, t0, c0), z.token_stride, zs.data(), TILE, cg, n);
+        to_channels(dm.at(b, t0, c0), dm.token_stride, gs.data(), TILE, cg, n);
         for (int64_t t = 0; t < n; ++t) r0[t] = r1[t] = m0[t] = m1[t] = 0;
         // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); es holds exp(-z)
         for (int64_t c = c0; c < c0 + cg; ++c) {
@@ -474,29 +517,21 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
           dw[(b * 2) * d + c] += T(0.5) * a0;
           dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
         }
-        tile_to_tokens(es.data(), dz.at(b, t0, c0), dz.token_stride, cg, n);
+        to_tokens(es.data(), TILE, dz.at(b, t0, c0), dz.token_stride, cg, n);
       }
     }
   });
 }
 
-// A (b, L, d) token-major operand like z: unit channel stride, tokens not overlapping.
-void check_tokens_like(const at::Tensor& t, const at::Tensor& y, const char* name) {
-  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
-  TORCH_CHECK(t.sizes() == at::IntArrayRef({batch, length, d}) &&
-                  (t.stride(2) == 1 || d == 1) && t.stride(1) >= d &&
-                  (batch == 1 || t.stride(0) >= length * t.stride(1)) &&
-                  t.scalar_type() == y.scalar_type(),
-              "native merge: ", name, " must be a (b, L, d) tensor of y's dtype with unit "
-              "channel stride (a view into the projections is fine), got ", t.sizes(),
-              " strides ", t.strides());
+void check_tokens_like(const at::Tensor& t, const at::Tensor& y, const char* what) {
+  check_token_major(t, y.size(0), y.size(3), y.size(2), y.scalar_type(), what);
 }
 
 void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
                  int64_t groups) {
   TORCH_CHECK(y.device().is_cpu() && y.dim() == 4 && y.size(1) == 2 && y.is_contiguous(),
               "native merge: y must be a contiguous (b, 2, d, L) CPU tensor");
-  check_tokens_like(z, y, "z");
+  check_tokens_like(z, y, "native merge: z");
   const int64_t d = y.size(2);
   TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
                   weight.scalar_type() == y.scalar_type(),
@@ -505,15 +540,10 @@ void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& wei
               " groups do not divide d = ", d);
 }
 
-template <typename T, typename Ten>
-Tokens<T> tokens(Ten& t) {
-  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
-}
-
 void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
                    int64_t groups, double eps, at::Tensor& out) {
   check_merge(y, z, weight, groups);
-  check_tokens_like(out, y, "out");
+  check_tokens_like(out, y, "native merge: out");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_forward", [&] {
     merge_forward_kernel<scalar_t>(y.data_ptr<scalar_t>(), tokens<const scalar_t>(z),
@@ -526,8 +556,8 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
                                        const at::Tensor& z, const at::Tensor& weight,
                                        int64_t groups, double eps, at::Tensor& dz) {
   check_merge(y, z, weight, groups);
-  check_tokens_like(dm, y, "dm");
-  check_tokens_like(dz, y, "dz");
+  check_tokens_like(dm, y, "native merge: dm");
+  check_tokens_like(dz, y, "native merge: dz");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   auto dy = at::empty_like(y);
   auto dw = at::empty({batch, 2, d}, y.options());
@@ -914,9 +944,10 @@ int64_t parallel_threads(int64_t items) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_silu_forward", &conv_silu_forward,
-        "both directions' depthwise conv + SiLU: xp (b, C, L + 2 (K - 1)) -> (b, 2, C, L)");
+        "both directions' depthwise conv + SiLU: the token-major x (b, L, C) -> (b, 2, C, L)");
   m.def("conv_silu_backward", &conv_silu_backward,
-        "gradients of conv_silu_forward: [dx (b, C, L), dweight (2, C, K), dbias (2, C)]");
+        "gradients of conv_silu_forward: writes the token-major dx (b, L, C), returns "
+        "[dweight (2, C, K), dbias (2, C)]");
   m.def("merge_forward", &merge_forward,
         "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2 of y (b, 2, d, L) and the "
         "token-major z (b, L, d), written into the token-major out (b, L, d)");
