@@ -54,6 +54,16 @@ def test_factored_and_per_head_heads_in_one_batch_float64():
     assert_float64_exact(ssd_scan_quadratic, args)
 
 
+@pytest.mark.parametrize('length,bounds', [(33, [0, 33]), (130, [0, 64, 130]),
+                                           (197, [0, 64, 128, 197]), (200, [0, 64, 128, 200]),
+                                           (320, [0, 80, 160, 240, 320]),
+                                           (401, [0, 96, 208, 304, 401])])
+def test_triangle_blocks_are_near_equal_with_aligned_inner_bounds(length, bounds):
+    assert block_bounds(length) == bounds
+    with fast_path_variant(triangle_blocks=False):
+        assert block_bounds(length) == [0, length]
+
+
 @pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
 @pytest.mark.parametrize('length,groups', [(33, 1), (130, 2), (200, 1)])  # 1, 2, 3 blocks
 @pytest.mark.parametrize('native', [False, True])
