@@ -122,7 +122,7 @@ class PlainBackbone(BackboneContract, BaseBackbone):
         patches = patches + resize_pos_embed(self.pos_embed, self.pos_grid, hw)
         layout, order = self._cached_layout(hw, x.device)
         tokens = torch.cat([patches, self._special_tokens(x.shape[0]).to(patches.dtype)], dim=1)
-        tokens = tokens[:, order]
+        tokens = tokens.index_select(1, order)  # backward: index_add_, not index_put_
         return (tokens.float() if self.residual_in_fp32 else tokens), hw, layout
 
     def _cached_layout(self, hw: tuple[int, int], device) -> tuple[TokenLayout, Tensor]:
