@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
-from .ssd_quadratic import ScanState, scan_backward, scan_forward
+from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
@@ -149,8 +149,12 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     ct = torch.promote_types(proj.dtype, torch.float32)
     act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
     u, Bm, Cm = _split_conv(act, dims)
-    dt = softplus(_dt(proj, dt_bias, dims, ct))
-    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native)
+    if native:  # dt and the scan's factors in one native pass
+        dt, *factors = native_cpu.scan_factors(_tokens(proj[..., -dims.nheads:], ct),
+                                               dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
+    else:
+        dt, factors = softplus(_dt(proj, dt_bias, dims, ct)), None
+    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native, factors)
     if out is None or out.dtype != ct:
         out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
     merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct), norm_weight, dims,

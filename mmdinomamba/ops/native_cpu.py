@@ -44,7 +44,7 @@ from .variants import current_variant
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
-           'scan_backward_pointwise', 'transpose_into', 'tokens_fit']
+           'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -273,6 +273,18 @@ def planes_fit(*tensors: Tensor) -> bool:
     return dtype in (torch.float32, torch.float64) and all(
         t.dtype == dtype and t.dim() == 5 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
         for t in tensors)
+
+
+def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
+                 factored_range: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Both directions' step sizes ``dt = softplus(raw + dt_bias[r])`` (b, 2, h, L) from the
+    token-major ``raw`` (b, L, h) (:func:`tokens_fit`; a view into the projection is fine), and
+    the quadratic scan's factors of them with ``A`` (2, h): ``S`` (float64), ``row``, ``col``
+    and ``wide`` as :func:`~mmdinomamba.ops.ssd_quadratic.ScanState` holds them, in one pass per
+    (sample, direction, head)."""
+    dt, S, row, col, wide = _module().scan_factors(raw, dt_bias.contiguous(), A.contiguous(),
+                                                   factored_range)
+    return dt, S, row, col, wide
 
 
 def scale_tokens(x: Tensor, s: Tensor) -> Tensor:

@@ -115,12 +115,16 @@ def _grouped(t: Tensor, groups: int) -> Tensor:
 
 
 def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
-                 native: bool = False) -> tuple[Tensor, ScanState]:
+                 native: bool = False,
+                 factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+                 ) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
     state for :func:`scan_backward`; ``native``: the element-wise work around the matrix
-    products and the strongly decaying heads' in the native CPU kernels (:mod:`.native_cpu`)."""
+    products and the strongly decaying heads' in the native CPU kernels (:mod:`.native_cpu`);
+    ``factors``: ``S, row, col, wide`` of ``dt`` and ``A`` if already computed (as
+    :func:`.native_cpu.scan_factors` does with ``dt``)."""
     g = B.shape[2]
-    S, row, col, wide = _factors(dt, A)
+    S, row, col, wide = _factors(dt, A) if factors is None else factors
     cb, cb_diag = _group_products(B, C)
     xs = _grouped(_scaled(x, dt * col, native), g)
     ys = apply_masked(xs, cb)

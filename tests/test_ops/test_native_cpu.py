@@ -100,6 +100,35 @@ def test_bad_input_is_named():
                                       torch.empty(2, 4, 9))
 
 
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_scan_factors_equal_the_composition(dtype, tol):
+    # dt of both directions from a token-major view into a wider tensor (the projection), and
+    # the quadratic scan's factors of it: heads 0 decay too strongly to factor
+    from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, _factors
+    gen = torch.Generator().manual_seed(3)
+    raw = (torch.randn(3, 41, 10, generator=gen, dtype=dtype) * 4)[..., 3:8]
+    raw[0, 5, 1] = 30.  # above softplus' threshold
+    bias = torch.randn(2, 5, generator=gen, dtype=dtype)
+    A = -torch.rand(2, 5, generator=gen, dtype=dtype) * 2
+    A[:, 0] = -50.
+    got = native_cpu.scan_factors(raw, bias, A, FACTORED_RANGE)
+    dt = F.softplus(raw.transpose(1, 2).unsqueeze(1) + bias[..., None])
+    want = [dt, *_factors(dt, A)]
+    assert got[4][:, :, 0].all() and not got[4].all()  # both kinds of heads
+    assert torch.equal(got[4], want[4])
+    for name, g, r in zip(['dt', 'S', 'row', 'col'], got, want):
+        assert g.dtype == r.dtype and g.shape == r.shape, name
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
+
+
+def test_scan_factors_bad_input_is_named():
+    raw, p = torch.randn(2, 9, 4), torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match='raw must be a \\(b, L, C\\)'):
+        native_cpu.scan_factors(raw.transpose(1, 2), p, p, 100.)
+    with pytest.raises(RuntimeError, match='dt_bias and A must be contiguous \\(2, h\\)'):
+        native_cpu.scan_factors(raw, torch.randn(2, 5), p, 100.)
+
+
 def _merge_both(y, z, w, dm, dims):
     """Output, dy, dz, dweight of the merge with the native kernel and with the PyTorch ops
     (token-major z, dm, output and dz)."""
@@ -346,7 +375,8 @@ def test_results_do_not_depend_on_the_thread_count():
     def run():
         dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
         dx = torch.empty(6, 37, 40)
-        return [native_cpu.conv_silu_forward(xc, w, b),
+        return [*native_cpu.scan_factors(xc[..., :8], b[:, :8], -w[:, :8, 0].abs() * 9, 100.),
+                native_cpu.conv_silu_forward(xc, w, b),
                 *native_cpu.conv_silu_backward(dact, xc, w, b, dx), dx,
                 native_cpu.merge_forward(y, z, nw, 2, 1e-5, torch.empty(6, 70, 32)),
                 *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5, dz), dz,

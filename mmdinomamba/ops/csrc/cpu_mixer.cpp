@@ -726,6 +726,76 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
 }
 
 // ---------------------------------------------------------------------------------------------
+// The quadratic form's per-token factors (bidir_inner's dt with ssd_quadratic._factors): for
+// each sample, direction r and head, dt = softplus(raw + bias[r]) from the token-major raw step
+// sizes (a view into the projection), S the cumulative sum of a = dt A[r] in float64 (inclusive;
+// reverse for direction 1, written as total - cumsum + a as cumulative() does), whether the head
+// is wide (|S_first - S_last| > range) and, for the others, row = exp(S - c) and col = exp(c - S)
+// with c the middle of the range (zero for wide heads). One thread per (b, r, h) row.
+template <typename T>
+void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, double* S,
+                         T* row, T* col, bool* wide, int64_t batch, int64_t heads,
+                         int64_t length, double range) {
+  at::parallel_for(0, batch * 2 * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / (2 * heads), r = (item / heads) % 2, h = item % heads;
+      const T bh = bias[r * heads + h], ah = A[r * heads + h];
+      const T* x = raw.at(b, 0, h);
+      T* d = dt + item * length;
+      double* s = S + item * length;
+      for (int64_t t = 0; t < length; ++t) {
+        const T v = x[t * raw.token_stride] + bh;
+        d[t] = v > T(20) ? v : std::log1p(std::exp(v));  // F.softplus, threshold 20
+      }
+      double acc = 0;
+      for (int64_t t = 0; t < length; ++t) s[t] = acc += static_cast<double>(d[t] * ah);
+      if (r == 1) {
+        const double total = s[length - 1];
+        for (int64_t t = 0; t < length; ++t)
+          s[t] = total - s[t] + static_cast<double>(d[t] * ah);
+      }
+      const double first = s[0], last = s[length - 1], c = (first + last) / 2;
+      const bool w = std::abs(first - last) > range;
+      wide[item] = w;
+      T* ro = row + item * length;
+      T* co = col + item * length;
+      for (int64_t t = 0; t < length; ++t) {
+        const double e = s[t] - c;
+        ro[t] = w ? T(0) : static_cast<T>(std::exp(e));
+        co[t] = w ? T(0) : static_cast<T>(std::exp(-e));
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> scan_factors(const at::Tensor& raw, const at::Tensor& bias,
+                                     const at::Tensor& A, double range) {
+  TORCH_CHECK(raw.dim() == 3, "native scan factors: raw must be a (b, L, h) tensor, got ",
+              raw.sizes());
+  const int64_t batch = raw.size(0), length = raw.size(1), heads = raw.size(2);
+  TORCH_CHECK(length > 0, "native scan factors: empty sequence");
+  check_token_major(raw, batch, length, heads, raw.scalar_type(), "native scan factors: raw");
+  for (const auto* t : {&bias, &A})
+    TORCH_CHECK(t->sizes() == at::IntArrayRef({2, heads}) && t->is_contiguous() &&
+                    t->scalar_type() == raw.scalar_type(),
+                "native scan factors: dt_bias and A must be contiguous (2, h) tensors of raw's "
+                "dtype");
+  const std::vector<int64_t> shape{batch, 2, heads, length};
+  auto dt = at::empty(shape, raw.options()), row = at::empty(shape, raw.options());
+  auto col = at::empty(shape, raw.options());
+  auto S = at::empty(shape, raw.options().dtype(at::kDouble));
+  auto wide = at::empty({batch, 2, heads}, raw.options().dtype(at::kBool));
+  AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "scan_factors", [&] {
+    scan_factors_kernel<scalar_t>(tokens<const scalar_t>(raw), bias.data_ptr<scalar_t>(),
+                                  A.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(),
+                                  S.data_ptr<double>(), row.data_ptr<scalar_t>(),
+                                  col.data_ptr<scalar_t>(), wide.data_ptr<bool>(), batch, heads,
+                                  length, range);
+  });
+  return {dt, S, row, col, wide};
+}
+
+// ---------------------------------------------------------------------------------------------
 // Element-wise work of the SSD scan's quadratic form around its matrix products (ssd_quadratic.py):
 // per-token scales of (b, R, h, p, L) tensors, and the backward pass's per-token sums over the p
 // channels of a head, in one pass over each operand instead of one per PyTorch operation (whose
@@ -958,6 +1028,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("scan_factors", &scan_factors,
+        "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
+        "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range");
   m.def("scale_tokens", &scale_tokens,
         "x (b, R, h, p, L) times the per-token s (b, R, h, L), broadcast over p");
   m.def("scan_output", &scan_output, "ys * row + x * diag (per-token row and diag)");
