@@ -14,21 +14,18 @@ sequence read back in the original order, ``sum_k w[1, :, k] * xp[t + 2 (K - 1) 
 import torch
 from torch import Tensor
 
-from . import native_cpu
-
 __all__ = ['pad_channel_major', 'bidir_conv_forward', 'bidir_conv_backward']
 
 
-def pad_channel_major(x: Tensor, kernel: int, dtype: torch.dtype,
-                      native: bool = False) -> Tensor:
-    """(b, L, C) (any strides) -> zero-padded (b, C, L + 2 (kernel - 1)) in ``dtype``;
-    ``native``: the transposed copy in the native kernel (:func:`.native_cpu.transpose_into`)."""
+def pad_channel_major(x: Tensor, kernel: int, dtype: torch.dtype) -> Tensor:
+    """(b, L, C) (any strides) -> zero-padded (b, C, L + 2 (kernel - 1)) in ``dtype`` (the
+    native conv builds the same layout block by block in cache instead)."""
     b, length, c = x.shape
     pad = kernel - 1
     xp = x.new_empty(b, c, length + 2 * pad, dtype=dtype)
     xp[..., :pad].zero_()
     xp[..., pad + length:].zero_()
-    native_cpu.transpose_into(xp[..., pad:pad + length], x, native)
+    xp[..., pad:pad + length].copy_(x.transpose(1, 2))
     return xp
 
 
