@@ -21,7 +21,7 @@ from .ssd_quadratic import FACTORED_RANGE, ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
 from .variants import quadratic_max_len
 
-__all__ = ['ssd_scan', 'use_quadratic_form', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS',
+__all__ = ['ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS',
            'WIDE_TOKENS']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
@@ -37,6 +37,17 @@ SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
 WIDE_TOKENS = 96
 
 
+def quadratic_form_by_length(length: int, headdim: int, d_state: int) -> bool | None:
+    """:func:`use_quadratic_form`'s answer where the length alone decides it (None where the
+    step sizes must be looked at): False above :func:`~mmdinomamba.ops.quadratic_max_len`,
+    True at most ``WIDE_TOKENS`` tokens (a share of at most 1 cannot exceed the bound)."""
+    if length > quadratic_max_len(headdim, d_state):
+        return False
+    if length <= WIDE_TOKENS:
+        return True
+    return None
+
+
 def use_quadratic_form(dt: Tensor, A: Tensor, headdim: int, d_state: int) -> bool:
     """Whether the portable scan of step sizes ``dt`` (batch, length, heads) (softplus
     applied) and decay rates ``A`` (heads,) takes the quadratic form: at most
@@ -44,10 +55,8 @@ def use_quadratic_form(dt: Tensor, A: Tensor, headdim: int, d_state: int) -> boo
     (sample, head) pairs of at most ``WIDE_TOKENS / length``. Both forms are exact; this only
     picks the faster one."""
     length = dt.shape[1]
-    if length > quadratic_max_len(headdim, d_state):
-        return False
-    if length <= WIDE_TOKENS:  # a share of at most 1: nothing to compute
-        return True
+    if (by_length := quadratic_form_by_length(length, headdim, d_state)) is not None:
+        return by_length
     with torch.no_grad():
         wide = (dt * A).sum(1).abs() > FACTORED_RANGE
         return wide.float().mean().item() * length <= WIDE_TOKENS

@@ -15,9 +15,10 @@ from mmpretrain.registry import MODELS
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from mmdinomamba.ops import (SSD_BACKENDS, WIDE_TOKENS, InnerDims, _triton, bidir_causal_conv1d,
+from mmdinomamba.ops import (SSD_BACKENDS, InnerDims, _triton, bidir_causal_conv1d,
                              bidir_conv_scan, bidir_gated_merge, bidir_ssd_inner, current_variant,
-                             gated_rms_norm, quadratic_max_len, ssd_scan, use_quadratic_form)
+                             gated_rms_norm, quadratic_form_by_length, ssd_scan,
+                             use_quadratic_form)
 from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
 from mmdinomamba.ops.bidir_conv_scan import conv_scan_inputs
 from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
@@ -196,10 +197,9 @@ class BiSSD(BiSSDMatrices, BaseModule):
     def _quadratic_pays(self, proj: Tensor) -> bool:
         """Whether the CPU fast path (scan in the quadratic form) is faster than the chunked
         scan for this input (:func:`~mmdinomamba.ops.use_quadratic_form`)."""
-        if proj.shape[1] > quadratic_max_len(self.headdim, self.d_state):
-            return False
-        if proj.shape[1] <= WIDE_TOKENS:  # the decision needs no step sizes (the demo's crops)
-            return True
+        by_length = quadratic_form_by_length(proj.shape[1], self.headdim, self.d_state)
+        if by_length is not None:  # no step sizes needed (e.g. the demo's crops)
+            return by_length
         with torch.no_grad():
             dt, dt_bias, A, _ = self._direction_params(proj[..., -self.num_heads:])
             dt = F.softplus(dt.float() + dt_bias.float())
