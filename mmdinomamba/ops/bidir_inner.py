@@ -184,16 +184,10 @@ def _conv_backward(dact: Tensor, x: Tensor, pre: Tensor | None, conv_weight: Ten
                    conv_bias: Tensor | None, dx: Tensor) -> tuple[Tensor, Tensor | None]:
     """Gradients of :func:`_conv`'s SiLU output for its input ``x``: writes the input's into the
     token-major ``dx`` (b, L, C) and returns ``dweight`` and ``dbias`` (or None)."""
-    if pre is None:
-        weight = conv_weight.to(x.dtype)
-        if native_cpu.tokens_fit(x.dtype, dx):
-            return native_cpu.conv_silu_backward(
-                dact, x, weight, None if conv_bias is None else conv_bias.to(x.dtype), dx)
-        own = torch.empty(dx.shape, dtype=x.dtype)
-        grads = native_cpu.conv_silu_backward(
-            dact, x, weight, None if conv_bias is None else conv_bias.to(x.dtype), own)
-        dx.copy_(own)
-        return grads
+    if pre is None:  # the native kernel; dx is a view into the compute-dtype gradient
+        return native_cpu.conv_silu_backward(
+            dact, x, conv_weight.to(x.dtype),
+            None if conv_bias is None else conv_bias.to(x.dtype), dx)
     dxc, dweight, dbias = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), x,
                                               conv_weight, conv_bias is not None)
     dx.copy_(dxc.transpose(1, 2))
@@ -217,18 +211,18 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u, native).flatten(2, 3)
-    own_dz = dproj.dtype != ct  # the merge writes dz into dproj where their dtypes agree
-    dz = dout.new_empty(dout.shape, dtype=ct) if own_dz else dproj[..., :d]
+    # the kernels write their parts of the gradient straight into it, in the compute dtype
+    grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
     dy, dnorm = merge_backward(_tokens(dout, ct), y, _tokens(proj[..., :d], ct), norm_weight,
-                               dims, dz, native)
+                               dims, grad[..., :d], native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
     dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
-    dweight, dbias = _conv_backward(dact, xin, pre, conv_weight, conv_bias, dproj[..., d:d + c])
+    dweight, dbias = _conv_backward(dact, xin, pre, conv_weight, conv_bias, grad[..., d:d + c])
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
-    if own_dz:
-        dproj[..., :d].copy_(dz)
-    dproj[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
+    grad[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
+    if grad is not dproj:
+        dproj.copy_(grad)
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
 
 

@@ -226,7 +226,7 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int
 
 
 def tokens_fit(dtype: torch.dtype, *tensors: Tensor) -> bool:
-    """Whether (b, L, d) tensors suit the merge kernels as token-major operands: ``dtype``
+    """Whether (b, L, d) tensors suit the native kernels as token-major operands: ``dtype``
     (float32 or float64), unit channel stride, tokens and samples apart."""
     return dtype in (torch.float32, torch.float64) and all(
         t.dtype == dtype and t.dim() == 3 and t.stride(2) == 1 and t.stride(1) >= t.shape[2]

@@ -93,6 +93,23 @@ def test_bf16_autocast_and_dtypes():
     torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)
 
 
+def test_bf16_mixer_backward_is_close_to_float32():
+    # a bfloat16 mixer: the fast path computes in float32 and its kernels write the projection's
+    # gradient through a float32 buffer into the bfloat16 one
+    m = _mixer(torch.float32)
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    m(x).sum().backward()
+    want = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    m = m.to(torch.bfloat16)
+    m.zero_grad()
+    xb = x.detach().bfloat16().requires_grad_()
+    m(xb).float().sum().backward()
+    got = [xb.grad] + [p.grad for p in m.parameters()]
+    assert all(g.dtype == torch.bfloat16 for g in got)
+    for name, g, w in zip(['x'] + [n for n, _ in m.named_parameters()], got, want):
+        assert (g.float() - w).norm() <= 0.15 * w.norm(), name
+
+
 def test_keeps_less_for_backward_than_the_specification():
     from torch.autograd.graph import saved_tensors_hooks
     m = _mixer(torch.float32, embed_dims=64, d_state=16, headdim=16)
