@@ -98,8 +98,11 @@ def masked_outer(dy: Tensor, x: Tensor) -> Tensor:
 
 def mask_triangles(t: Tensor) -> Tensor:
     """Zero (in place) all but the strict lower triangle of direction 0 and the strict upper
-    triangle of direction 1 of ``t`` (b, R, ..., L, L)."""
-    t[:, 0].tril_(-1)
-    if t.shape[1] == 2:
-        t[:, 1].triu_(1)
+    triangle of direction 1 of ``t`` (b, R, g, L, L), group by group: PyTorch's CPU ``tril_``
+    and ``triu_`` work in place on a 3-d strided view, while a 4-d one such as ``t[:, 0]`` goes
+    through a contiguous copy and back."""
+    for gi in range(t.shape[2]):
+        t[:, 0, gi].tril_(-1)
+        if t.shape[1] == 2:
+            t[:, 1, gi].triu_(1)
     return t
