@@ -180,14 +180,17 @@ def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: Inn
     return xp, pre, F.silu(pre)
 
 
-def _conv_backward(dact: Tensor, x: Tensor, pre: Tensor | None, conv_weight: Tensor,
+def _conv_backward(dparts: list[Tensor], x: Tensor, pre: Tensor | None, conv_weight: Tensor,
                    conv_bias: Tensor | None, dx: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Gradients of :func:`_conv`'s SiLU output for its input ``x``: writes the input's into the
-    token-major ``dx`` (b, L, C) and returns ``dweight`` and ``dbias`` (or None)."""
-    if pre is None:  # the native kernel; dx is a view into the compute-dtype gradient
+    """Gradients of :func:`_conv`'s SiLU output for its input ``x``, from that output's gradient
+    as its channel ranges ``dparts`` (b, 2, C_i, L) (``du``, ``dB``, ``dC``): writes the
+    input's into the token-major ``dx`` (b, L, C) and returns ``dweight`` and ``dbias`` (or
+    None)."""
+    if pre is None:  # the native kernel reads the parts; dx is a view into the gradient
         return native_cpu.conv_silu_backward(
-            dact, x, conv_weight.to(x.dtype),
+            dparts, x, conv_weight.to(x.dtype),
             None if conv_bias is None else conv_bias.to(x.dtype), dx)
+    dact = torch.cat(dparts, dim=2)
     dxc, dweight, dbias = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), x,
                                               conv_weight, conv_bias is not None)
     dx.copy_(dxc.transpose(1, 2))
@@ -217,8 +220,8 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
                                dims, grad[..., :d], native)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
-    dact = torch.cat([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], dim=2)
-    dweight, dbias = _conv_backward(dact, xin, pre, conv_weight, conv_bias, grad[..., d:d + c])
+    dweight, dbias = _conv_backward([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], xin,
+                                    pre, conv_weight, conv_bias, grad[..., d:d + c])
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
     grad[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     if grad is not dproj:

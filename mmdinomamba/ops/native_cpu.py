@@ -34,6 +34,7 @@ import platform
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -195,13 +196,16 @@ def conv_silu_forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
                                     None if bias is None else bias.contiguous())
 
 
-def conv_silu_backward(dact: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
-                       dx: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L): writes the input's into
-    the token-major ``dx`` (b, L, C) (like ``x``) and returns ``dweight`` (2, C, K) and
-    ``dbias`` (2, C) or None (the pre-activations are recomputed)."""
-    grads = _module().conv_silu_backward(dact, x, weight.contiguous(),
-                                      None if bias is None else bias.contiguous(), dx)
+def conv_silu_backward(dact: Tensor | Sequence[Tensor], x: Tensor, weight: Tensor,
+                       bias: Tensor | None, dx: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Gradients of :func:`conv_silu_forward` for ``dact`` (b, 2, C, L), or its channel ranges
+    as one to three parts (b, 2, C_i, L) in channel order (e.g. the scan's ``du``, ``dB``,
+    ``dC``, which are then never concatenated): writes the input's into the token-major ``dx``
+    (b, L, C) (like ``x``) and returns ``dweight`` (2, C, K) and ``dbias`` (2, C) or None (the
+    pre-activations are recomputed)."""
+    parts = [dact] if isinstance(dact, Tensor) else list(dact)
+    grads = _module().conv_silu_backward(parts, x, weight.contiguous(),
+                                         None if bias is None else bias.contiguous(), dx)
     return grads[0], grads[1] if bias is not None else None
 
 

@@ -61,6 +61,21 @@ def test_equals_the_composition(dtype, tol, kernel, with_bias):
                                        msg=name)
 
 
+@pytest.mark.parametrize('sizes', [(20,), (7, 5, 8), (16, 2, 2)])
+def test_conv_reads_its_output_gradient_in_channel_parts(sizes):
+    # the scan's du, dB, dC as separate tensors (one not contiguous); part boundaries inside
+    # and on the 16-channel blocks
+    x, w, b = torch.randn(3, 37, 20), torch.randn(2, 20, 3), torch.randn(2, 20)
+    dact = torch.randn(3, 2, 20, 37)
+    parts = list(dact.split(sizes, dim=2))
+    parts[-1] = parts[-1].transpose(0, 1).contiguous().transpose(0, 1)
+    want = _native_conv(x, w, b, dact)
+    dx = torch.full(x.shape, float('nan'))
+    got = [dx, *native_cpu.conv_silu_backward(parts, x, w, b, dx)]
+    for g, r in zip(got, want[1:]):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
 def test_conv_writes_its_input_gradient_into_a_view():
     # dx as a (b, L, C) view into a wider buffer (the projection's gradient): nothing outside
     x, w, b = torch.randn(2, 33, 40), torch.randn(2, 40, 4), torch.randn(2, 40)
@@ -92,9 +107,12 @@ def test_bad_input_is_named():
         native_cpu.conv_silu_forward(x.transpose(1, 2), torch.randn(2, 9, 4), None)
     with pytest.raises(RuntimeError, match='kernel sizes 2-4 only, got 5'):
         native_cpu.conv_silu_forward(x, torch.randn(2, 4, 5), None)
-    with pytest.raises(RuntimeError, match='dact must be \\(b, 2, C, L\\)'):
+    with pytest.raises(RuntimeError, match='each part of dact must be \\(b, 2, C_i, L\\)'):
         native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), x, torch.randn(2, 4, 4), None,
                                       torch.empty(2, 9, 4))
+    with pytest.raises(RuntimeError, match='the parts of dact cover 3 channels, x has 4'):
+        native_cpu.conv_silu_backward([torch.randn(2, 2, 1, 9), torch.randn(2, 2, 2, 9)], x,
+                                      torch.randn(2, 4, 4), None, torch.empty(2, 9, 4))
     with pytest.raises(RuntimeError, match='dx must be a \\(b, L, C\\)'):
         native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 9), x, torch.randn(2, 4, 4), None,
                                       torch.empty(2, 4, 9))

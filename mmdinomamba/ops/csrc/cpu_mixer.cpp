@@ -262,8 +262,25 @@ void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
   *db += accb;
 }
 
+// The gradient of the conv's output (b, 2, C, L) given as channel ranges of up to three
+// contiguous (b, 2, C_i, L) tensors (the scan's du, dB, dC), so that nobody concatenates them.
+template <typename T>
+struct ChannelParts {
+  const T* data[3];
+  int64_t end[3];  // channels [end[i - 1], end[i]) are part i's
+  int count;
+  const T* row(int64_t b, int64_t r, int64_t c, int64_t length) const {
+    int64_t start = 0;
+    for (int i = 0; i < count; ++i) {
+      if (c < end[i]) return data[i] + ((b * 2 + r) * (end[i] - start) + c - start) * length;
+      start = end[i];
+    }
+    return nullptr;  // not reached: the parts cover every channel
+  }
+};
+
 template <int K, typename T>
-void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, const T* dact,
+void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, ChannelParts<T> dact,
                      Tokens<T> dx, T* dw, T* db, int64_t batch, int64_t channels, int64_t length) {
   const int64_t padded = length + 2 * (K - 1);
   const int64_t blocks = (channels + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
@@ -286,11 +303,10 @@ void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, const T*
           const T* w0 = weight + c * K;
           const T* w1 = weight + (channels + c) * K;
           const T* xr = buf.data() + i * padded;
-          grad_row<0, K>(xr, w0, bias ? bias[c] : T(0), dact + (b * 2 * channels + c) * length,
+          grad_row<0, K>(xr, w0, bias ? bias[c] : T(0), dact.row(b, 0, c, length),
                          g0.data(), dws.data() + i * K, dbs.data() + i, length);
-          grad_row<1, K>(xr, w1, bias ? bias[channels + c] : T(0),
-                         dact + ((b * 2 + 1) * channels + c) * length, g1.data(),
-                         dws.data() + (n + i) * K, dbs.data() + n + i, length);
+          grad_row<1, K>(xr, w1, bias ? bias[channels + c] : T(0), dact.row(b, 1, c, length),
+                         g1.data(), dws.data() + (n + i) * K, dbs.data() + n + i, length);
           // input token s sits at padded index s + K - 1: direction 0's tap k read it at
           // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
           T* out = rows.data() + i * length;
@@ -360,25 +376,41 @@ at::Tensor conv_silu_forward(const at::Tensor& x, const at::Tensor& weight,
   return act;
 }
 
-std::vector<at::Tensor> conv_silu_backward(const at::Tensor& dact, const at::Tensor& x,
-                                           const at::Tensor& weight,
+std::vector<at::Tensor> conv_silu_backward(const std::vector<at::Tensor>& dact,
+                                           const at::Tensor& x, const at::Tensor& weight,
                                            const std::optional<at::Tensor>& bias,
                                            at::Tensor& dx) {
   check(x, weight, bias);
   const int64_t batch = x.size(0), length = x.size(1), channels = x.size(2);
   const int64_t kernel = weight.size(2);
-  TORCH_CHECK(dact.sizes() == at::IntArrayRef({batch, 2, channels, length}) &&
-                  dact.scalar_type() == x.scalar_type(),
-              "native conv: dact must be (b, 2, C, L) of x's dtype");
+  TORCH_CHECK(!dact.empty() && dact.size() <= 3,
+              "native conv: dact must be one to three (b, 2, C_i, L) parts, got ", dact.size());
+  std::vector<at::Tensor> parts;
+  int64_t covered = 0;
+  for (const auto& part : dact) {
+    TORCH_CHECK(part.dim() == 4 && part.size(0) == batch && part.size(1) == 2 &&
+                    part.size(3) == length && part.scalar_type() == x.scalar_type(),
+                "native conv: each part of dact must be (b, 2, C_i, L) = (", batch, ", 2, C_i, ",
+                length, ") of x's dtype, got ", part.sizes());
+    covered += part.size(2);
+    parts.push_back(part.contiguous());
+  }
+  TORCH_CHECK(covered == channels, "native conv: the parts of dact cover ", covered,
+              " channels, x has ", channels);
   check_token_major(dx, batch, length, channels, x.scalar_type(), "native conv: dx");
-  const auto g = dact.contiguous();
   auto dw = at::empty_like(weight);
   auto db = at::empty({2, channels}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_silu_backward", [&] {
+    ChannelParts<scalar_t> rows{};
+    rows.count = static_cast<int>(parts.size());
+    for (int i = 0; i < rows.count; ++i) {
+      rows.data[i] = parts[i].data_ptr<scalar_t>();
+      rows.end[i] = (i ? rows.end[i - 1] : 0) + parts[i].size(2);
+    }
     with_kernel_size(kernel, [&](auto K) {
       backward_kernel<decltype(K)::value, scalar_t>(
           tokens<const scalar_t>(x), weight.data_ptr<scalar_t>(),
-          bias ? bias->data_ptr<scalar_t>() : nullptr, g.data_ptr<scalar_t>(),
+          bias ? bias->data_ptr<scalar_t>() : nullptr, rows,
           tokens<scalar_t>(dx), dw.data_ptr<scalar_t>(),
           bias ? db.data_ptr<scalar_t>() : nullptr, batch, channels, length);
     });
@@ -1016,8 +1048,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_silu_forward", &conv_silu_forward,
         "both directions' depthwise conv + SiLU: the token-major x (b, L, C) -> (b, 2, C, L)");
   m.def("conv_silu_backward", &conv_silu_backward,
-        "gradients of conv_silu_forward: writes the token-major dx (b, L, C), returns "
-        "[dweight (2, C, K), dbias (2, C)]");
+        "gradients of conv_silu_forward for dact given as channel parts (b, 2, C_i, L): writes "
+        "the token-major dx (b, L, C), returns [dweight (2, C, K), dbias (2, C)]");
   m.def("merge_forward", &merge_forward,
         "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2 of y (b, 2, d, L) and the "
         "token-major z (b, L, d), written into the token-major out (b, L, d)");
