@@ -8,7 +8,10 @@ over cache-sized tiles. So do the kernels for the strongly decaying heads of the
 quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
 and their gradients, one pass each instead of a dozen; so does the element-wise work around the
 scan's matrix products (:func:`scale_tokens`, :func:`scan_output`,
-:func:`scan_backward_pointwise`); and so do the copies between the token-major projections and
+:func:`scan_backward_pointwise`); the (L, L) matrix products themselves run as one call each
+(:func:`column_products`, :func:`masked_outer`), every (sample, direction, group, token block)
+product a single-threaded GEMM in parallel with the others, written in place; and so do the
+copies between the token-major projections and
 the channel-major inside of the mixer (:func:`transpose_into`, in register tiles: PyTorch's
 strided copy of a transposed view runs 3-5x slower); the merge reads its gate and writes its
 output (and their gradients) token-major, transposing tile by tile in cache.
@@ -44,6 +47,7 @@ from .variants import current_variant
 
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
+           'column_products', 'masked_outer',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
            'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors']
 
@@ -289,6 +293,33 @@ def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
     dt, S, row, col, wide = _module().scan_factors(raw, dt_bias.contiguous(), A.contiguous(),
                                                    factored_range)
     return dt, S, row, col, wide
+
+
+def column_products(a: Tensor, m: Tensor, bounds: list[int], transpose: bool,
+                    prefix_first: bool, out: Tensor | None = None) -> Tensor:
+    """``a @ m`` (``transpose``: ``a @ m^T``) per (sample, direction, group) of ``a`` (b, R, g,
+    P, L) and the matrices ``m`` (b, R, g, L, L), written into ``out`` (like ``a``; a new
+    tensor if None) and returned: the products of :mod:`.ssd_triangles` with the token
+    ``bounds`` of its blocks, the product ``m`` taken as zero outside its block triangle
+    (column block ``j`` reads its rows ``[0, j1)`` in direction 0 if ``prefix_first``, else in
+    direction 1, and rows ``[j0, L)`` in the other). Every block product is one task of a
+    single-threaded GEMM; operands as :func:`planes_fit` says (``out`` may be a view with unit
+    stride along L)."""
+    out = a.new_empty(a.shape) if out is None else out
+    _module().column_products(a, m, out, list(bounds), transpose, prefix_first)
+    return out
+
+
+def masked_outer(dy: Tensor, x: Tensor, bounds: list[int],
+                 diag: bool = False) -> tuple[Tensor, Tensor | None]:
+    """``dy^T @ x`` (b, R, g, L, L) per (sample, direction, group) of ``dy`` and ``x`` (b, R,
+    g, P, L) on direction 0's strict lower and direction 1's strict upper triangle, zero
+    elsewhere (its blocks off the triangle never computed), and with ``diag`` the full
+    product's diagonal (b, R, g, L) (else None)."""
+    out = dy.new_empty(*dy.shape[:3], dy.shape[-1], dy.shape[-1])
+    d = dy.new_empty(*dy.shape[:3], dy.shape[-1]) if diag else None
+    _module().masked_outer(dy, x, out, list(bounds), d)
+    return out, d
 
 
 def scale_tokens(x: Tensor, s: Tensor) -> Tensor:

@@ -34,8 +34,8 @@ from . import native_cpu
 from . import ssd_quadratic_heads as heads
 from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
-from .ssd_triangles import (apply_masked, apply_masked_t, mask_triangles, masked_outer,
-                            transposed)
+from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
+                            masked_outer, transposed)
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -86,9 +86,12 @@ def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return S, row, col, wide
 
 
-def _group_products(B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
+def _group_products(B: Tensor, C: Tensor, native: bool = False) -> tuple[Tensor, Tensor]:
     """``C^T B`` per group (b, R, g, L, L) masked to each direction's strict triangle, and its
-    diagonal (b, R, g, L)."""
+    diagonal (b, R, g, L) (``native``: in the native kernel where ``B`` and ``C`` suit it,
+    :func:`.native_cpu.masked_outer`)."""
+    if native and native_cpu.planes_fit(B, C):
+        return native_cpu.masked_outer(C, B, block_bounds(B.shape[-1]), diag=True)
     cb = torch.matmul(C.transpose(-1, -2), B)
     cb_diag = cb.diagonal(dim1=-2, dim2=-1).clone()
     return mask_triangles(cb), cb_diag
@@ -125,9 +128,9 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     :func:`.native_cpu.scan_factors` does with ``dt``)."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A) if factors is None else factors
-    cb, cb_diag = _group_products(B, C)
+    cb, cb_diag = _group_products(B, C, native)
     xs = _grouped(_scaled(x, dt * col, native), g)
-    ys = apply_masked(xs, cb)
+    ys = apply_masked(xs, cb, native)
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
         diag.add_(D[..., None])
@@ -150,8 +153,8 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
     dys = _scaled(dy, st.row, native)
     dys_g = _grouped(dys, g)
-    dxs = apply_masked_t(dys_g, st.cb).view(x.shape)
-    dcb = masked_outer(dys_g, xs)
+    dxs = apply_masked_t(dys_g, st.cb, native).view(x.shape)
+    dcb = masked_outer(dys_g, xs, native)
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
     if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
@@ -169,8 +172,12 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         dA_wide = heads.add_backward(dy, x, dt, st.S, st.cb, st.wide, dx, ddt, dS, dcb,
                                      native)
     dcb_diag = (q * dt).unflatten(2, (g, -1)).sum(3)
-    dB = torch.matmul(C, dcb).addcmul_(C, dcb_diag.unsqueeze(-2))
-    dC = torch.matmul(B, transposed(dcb)).addcmul_(B, dcb_diag.unsqueeze(-2))
+    if native and native_cpu.planes_fit(B, C, dcb):  # dcb's zero blocks skipped
+        dB, dC = apply_masked_t(C, dcb, True), apply_masked(B, dcb, True)
+    else:
+        dB, dC = torch.matmul(C, dcb), torch.matmul(B, transposed(dcb))
+    dB.addcmul_(C, dcb_diag.unsqueeze(-2))
+    dC.addcmul_(B, dcb_diag.unsqueeze(-2))
     da = decay_grad(dS)
     ddt += da.to(ddt.dtype) * A[..., None]
     dA = (da * dt.double()).masked_fill_(st.wide[..., None], 0.).sum((0, 3))

@@ -9,11 +9,15 @@ results agree to rounding. Sequences shorter than ``2 * MIN_BLOCK`` tokens, or a
 ``fast_path_variant(triangle_blocks=False)``, keep the one full product.
 
 Layout: ``(b, R, g, P, L)`` operands and ``(b, R, g, L, L)`` matrices; the blocks are products
-of 3-d views (one direction and group), written into the result.
+of 3-d views (one direction and group), written into the result. With ``native`` (the CPU fast
+path) and several blocks, each function is one call of a native kernel
+(:func:`.native_cpu.column_products`, :func:`.native_cpu.masked_outer`) that runs every block
+product of every sample as a task of its own and writes it in place.
 """
 import torch
 from torch import Tensor
 
+from . import native_cpu
 from .variants import current_variant
 
 __all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'apply_masked', 'apply_masked_t',
@@ -41,6 +45,14 @@ def transposed(t: Tensor) -> Tensor:
     return t.transpose(-1, -2).contiguous()
 
 
+def _native(native: bool, bounds: list[int], *tensors: Tensor) -> bool:
+    """Whether a product runs in the native kernel (:func:`.native_cpu.column_products`,
+    :func:`.native_cpu.masked_outer`): asked to (``native``), operands that suit it, and
+    several blocks. With one block PyTorch's batched GEMM of the contiguous operands is as
+    fast or faster (docs/results.md)."""
+    return native and len(bounds) > 2 and native_cpu.planes_fit(*tensors)
+
+
 def _views(*tensors: Tensor):
     """(direction, group, the 3-d (b, ., .) views of every tensor) for each direction and
     group."""
@@ -58,10 +70,13 @@ def _columns(a: Tensor, m: Tensor, out: Tensor, bounds: list[int], prefix: bool)
         out[..., j0:j1] = torch.matmul(a[..., rows], m[..., rows, j0:j1])
 
 
-def apply_masked(x: Tensor, cb: Tensor) -> Tensor:
+def apply_masked(x: Tensor, cb: Tensor, native: bool = False) -> Tensor:
     """``x @ cb^T`` per direction and group: ``x`` (b, R, g, P, L), ``cb`` (b, R, g, L, L)
-    masked to each direction's strict triangle."""
+    masked to each direction's strict triangle (``native``: in the native CPU kernel where the
+    operands suit it, :func:`.native_cpu.column_products`)."""
     bounds = block_bounds(x.shape[-1])
+    if _native(native, bounds, x, cb):
+        return native_cpu.column_products(x, cb, bounds, transpose=True, prefix_first=True)
     if len(bounds) == 2:
         return torch.matmul(x, transposed(cb))
     out = x.new_empty(x.shape)
@@ -70,9 +85,12 @@ def apply_masked(x: Tensor, cb: Tensor) -> Tensor:
     return out
 
 
-def apply_masked_t(dy: Tensor, cb: Tensor) -> Tensor:
-    """``dy @ cb`` per direction and group (the transposed map of :func:`apply_masked`)."""
+def apply_masked_t(dy: Tensor, cb: Tensor, native: bool = False) -> Tensor:
+    """``dy @ cb`` per direction and group (the transposed map of :func:`apply_masked`;
+    ``native`` as there)."""
     bounds = block_bounds(dy.shape[-1])
+    if _native(native, bounds, dy, cb):
+        return native_cpu.column_products(dy, cb, bounds, transpose=False, prefix_first=False)
     if len(bounds) == 2:
         return torch.matmul(dy, cb)
     out = dy.new_empty(dy.shape)
@@ -81,11 +99,14 @@ def apply_masked_t(dy: Tensor, cb: Tensor) -> Tensor:
     return out
 
 
-def masked_outer(dy: Tensor, x: Tensor) -> Tensor:
+def masked_outer(dy: Tensor, x: Tensor, native: bool = False) -> Tensor:
     """``dy^T @ x`` (b, R, g, L, L) per direction and group, masked to each direction's strict
-    triangle (the gradient of ``cb`` in :func:`apply_masked`)."""
+    triangle (the gradient of ``cb`` in :func:`apply_masked`; ``native`` as there,
+    :func:`.native_cpu.masked_outer`)."""
     length = x.shape[-1]
     bounds = block_bounds(length)
+    if _native(native, bounds, dy, x):
+        return native_cpu.masked_outer(dy, x, bounds)[0]
     if len(bounds) == 2:
         return mask_triangles(torch.matmul(dy.transpose(-1, -2), x))
     out = x.new_zeros(*x.shape[:3], length, length)

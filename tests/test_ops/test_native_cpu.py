@@ -337,6 +337,65 @@ def test_scan_pointwise_bad_input_is_named():
     assert not native_cpu.planes_fit(x, dy.bfloat16())
 
 
+@pytest.fixture(params=['blas', 'mm_out'])
+def gemm_path(request):
+    """Both ways the native products reach a GEMM: the BLAS directly, and at::mm_out (where no
+    BLAS symbol is found)."""
+    module = native_cpu.load()
+    if request.param == 'blas' and not module.blas_found():
+        pytest.skip("torch's BLAS symbols are not exported on this build")
+    before = module.set_direct_blas(request.param == 'blas')
+    yield request.param
+    module.set_direct_blas(before)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize('dirs,groups,length', [(2, 1, 197), (2, 2, 130), (1, 2, 65), (2, 1, 7)])
+def test_products_equal_the_composition(gemm_path, dtype, tol, dirs, groups, length):
+    # the (L, L) products of the quadratic scan against the PyTorch ops, in one block (65, 7
+    # tokens) and in two or three blocks (130, 197); the operands views with strides outside
+    # their planes (as the scan's grouped heads are)
+    from mmdinomamba.ops import ssd_triangles as tri
+    from mmdinomamba.ops.ssd_quadratic import _group_products
+    gen = torch.Generator().manual_seed(length)
+    wide = torch.randn(3, dirs, groups, 20, length, generator=gen, dtype=dtype)
+    x, y = wide[..., :12, :], wide[..., 8:, :]
+    assert not x.is_contiguous() and native_cpu.planes_fit(x, y)
+    cb = tri.mask_triangles(torch.randn(3, dirs, groups, length, length, generator=gen,
+                                        dtype=dtype))
+
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+    for fn in (tri.apply_masked, tri.apply_masked_t):
+        close(fn(x, cb, native=True), fn(x, cb))
+    close(tri.masked_outer(x, y, native=True), tri.masked_outer(x, y))
+    for got, want in zip(_group_products(x, y, native=True), _group_products(x, y)):
+        close(got, want)
+    # a result written into a view of a wider tensor, nothing outside it touched
+    buf = torch.zeros(3, dirs, groups, 14, length, dtype=dtype)
+    native_cpu.column_products(x, cb, tri.block_bounds(length), True, True, buf[..., 1:13, :])
+    close(buf[..., 1:13, :], tri.apply_masked(x, cb))
+    assert (buf[..., 0, :] == 0).all() and (buf[..., 13, :] == 0).all()
+
+
+def test_products_bad_input_is_named():
+    x, cb = torch.randn(2, 2, 1, 8, 9), torch.randn(2, 2, 1, 9, 9)
+    with pytest.raises(RuntimeError, match='the matrices must be a \\(b, R, g, 9, 9\\)'):
+        native_cpu.column_products(x, cb[..., :8], [0, 9], True, True)
+    with pytest.raises(RuntimeError, match='the output must be a \\(b, R, g, 8, 9\\)'):
+        native_cpu.column_products(x, cb, [0, 9], True, True, torch.empty(2, 2, 1, 9, 8).mT)
+    with pytest.raises(RuntimeError, match='block bounds must rise strictly from 0 to the '
+                                           'length 9'):
+        native_cpu.column_products(x, cb, [0, 5, 5, 9], True, True)
+    with pytest.raises(RuntimeError, match='the second operand must be a \\(b, R, g, 8, 9\\) '
+                                           'CPU tensor of the first operand\'s dtype'):
+        native_cpu.masked_outer(x, x.double(), [0, 9])
+    with pytest.raises(RuntimeError, match='first operand must be a \\(b, R, g, P, L\\) '
+                                           'float32 or float64'):
+        native_cpu.masked_outer(x.bfloat16(), x.bfloat16(), [0, 9])
+
+
 def test_transpose_falls_back_to_pytorchs_copy():
     src = torch.randn(2, 9, 5)
     for dst, source, native in [(torch.empty(2, 5, 9), src.bfloat16(), True),  # dtypes differ
@@ -389,6 +448,8 @@ def test_results_do_not_depend_on_the_thread_count():
     dW = torch.randn(5, 37, 37, generator=gen)
     t = torch.rand(5, 37, generator=gen).cumsum(-1)
     sx, (sdy, sdys, sys_, sdxs), (ss, sd) = _scan_operands(torch.float32, gen)
+    px, py = torch.randn(2, 3, 2, 2, 17, 150, generator=gen).unbind(0)
+    pcb = torch.randn(3, 2, 2, 150, 150, generator=gen)
 
     def run():
         dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
@@ -402,7 +463,10 @@ def test_results_do_not_depend_on_the_thread_count():
                 *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
                 native_cpu.transpose_into(torch.empty(6, 43, 40), xp),
                 native_cpu.scale_tokens(sx, ss), native_cpu.scan_output(sys_, ss, sx, sd),
-                *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd)]
+                *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd),
+                native_cpu.column_products(px, pcb, [0, 64, 128, 150], True, True),
+                native_cpu.column_products(px, pcb, [0, 64, 128, 150], False, False),
+                *native_cpu.masked_outer(px, py, [0, 64, 128, 150], diag=True)]
 
     for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
         assert torch.equal(one, two)
@@ -436,17 +500,25 @@ def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
 
 
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch):
+@pytest.mark.parametrize('length', [23, 130])
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
-    x = torch.randn(3, 23, 32, dtype=torch.float64)
+    x = torch.randn(3, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
                                   'merge_backward', 'scale_tokens', 'scan_output',
-                                  'scan_backward_pointwise'))
+                                  'scan_backward_pointwise', 'column_products',
+                                  'masked_outer'))
     native = _grads(m, x)
-    # forward; conv and the scan's output recomputed in the backward pass
-    assert calls == ['conv_silu_forward', 'scale_tokens', 'scan_output', 'merge_forward',
+    # forward; conv and the scan's output recomputed in the backward pass; the (L, L)
+    # products but the group matrices' in PyTorch's batched GEMM at one token block (23
+    # tokens), natively at two (130)
+    blocks = length >= 128
+    assert calls == ['conv_silu_forward', 'masked_outer', 'scale_tokens',
+                     *['column_products'] * blocks, 'scan_output', 'merge_forward',
                      'conv_silu_forward', 'scan_output', 'merge_backward', 'scale_tokens',
-                     'scale_tokens', 'scan_backward_pointwise', 'conv_silu_backward']
+                     'scale_tokens', *['column_products', 'masked_outer'] * blocks,
+                     'scan_backward_pointwise', *['column_products'] * (2 * blocks),
+                     'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 
 
