@@ -10,7 +10,7 @@ from .bidir_inner import InnerDims, bidir_ssd_inner
 from .bidir_merge import bidir_gated_merge
 from .conv import causal_conv1d
 from .cpu_allocator import keep_freed_cpu_memory
-from .norm import gated_rms_norm
+from .norm import RMSNorm, gated_rms_norm, rms_norm
 from .ssd import (PORTABLE_CHUNK_SIZE, SSD_BACKENDS, WIDE_TOKENS, quadratic_form_by_length,
                   ssd_scan, use_quadratic_form)
 from .ssd_chunked import ssd_scan_chunked
@@ -22,7 +22,8 @@ from .variants import (QUADRATIC_MAX_LEN, FastPathVariant, current_variant, fast
 __all__ = [
     'ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'WIDE_TOKENS', 'ssd_scan_ref',
     'ssd_scan_chunked',
-    'ssd_scan_quadratic', 'ssd_mixing_matrix', 'ssd_decay_matrix', 'gated_rms_norm',
+    'ssd_scan_quadratic', 'ssd_mixing_matrix', 'ssd_decay_matrix', 'gated_rms_norm', 'rms_norm',
+    'RMSNorm',
     'causal_conv1d', 'bidir_causal_conv1d',
     'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd_inner', 'InnerDims', 'portable_ops',
     'fast_path_variant', 'current_variant', 'FastPathVariant', 'SSD_BACKENDS',

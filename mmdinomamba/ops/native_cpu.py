@@ -10,10 +10,12 @@ and their gradients, one pass each instead of a dozen; so does the element-wise 
 scan's matrix products (:func:`scale_tokens`, :func:`scan_output`,
 :func:`scan_backward_pointwise`); the (L, L) matrix products themselves run as one call each
 (:func:`column_products`, :func:`masked_outer`), every (sample, direction, group, token block)
-product a single-threaded GEMM in parallel with the others, written in place; and so do the
-copies between the token-major projections and
-the channel-major inside of the mixer (:func:`transpose_into`, in register tiles: PyTorch's
-strided copy of a transposed view runs 3-5x slower); the merge reads its gate and writes its
+product a single-threaded GEMM in parallel with the others, written in place; the blocks'
+RMSNorm (:func:`rms_norm_forward`, :func:`rms_norm_backward`; PyTorch's CPU backward of it is a
+composition of about ten operations) runs one pass per row each way; and so do the copies
+between the token-major projections and the channel-major inside of the mixer
+(:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
+3-5x slower); the merge reads its gate and writes its
 output (and their gradients) token-major, transposing tile by tile in cache.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
@@ -47,7 +49,7 @@ from .variants import current_variant
 
 __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
-           'column_products', 'masked_outer',
+           'column_products', 'masked_outer', 'rms_norm_forward', 'rms_norm_backward',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
            'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors']
 
@@ -320,6 +322,21 @@ def masked_outer(dy: Tensor, x: Tensor, bounds: list[int],
     d = dy.new_empty(*dy.shape[:3], dy.shape[-1]) if diag else None
     _module().masked_outer(dy, x, out, list(bounds), d)
     return out, d
+
+
+def rms_norm_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """``y = x rstd weight`` and ``rstd = 1 / sqrt(mean(x^2) + eps)`` (..., 1) over the last
+    dimension of the contiguous float32 / float64 ``x`` (the weight of its dtype, or None)."""
+    y, rstd = _module().rms_norm_forward(x, weight, eps)
+    return y, rstd
+
+
+def rms_norm_backward(grad: Tensor, x: Tensor, rstd: Tensor,
+                      weight: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Gradients of :func:`rms_norm_forward` for the contiguous ``grad``: ``dx`` and
+    ``dweight`` (None without a weight)."""
+    grads = _module().rms_norm_backward(grad, x, rstd, weight)
+    return grads[0], grads[1] if weight is not None else None
 
 
 def scale_tokens(x: Tensor, s: Tensor) -> Tensor:

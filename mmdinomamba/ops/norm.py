@@ -1,12 +1,65 @@
-"""Gated RMSNorm as used by Mamba-2 (``mamba_ssm``'s ``RMSNormGated``), in plain PyTorch."""
+"""Gated RMSNorm as used by Mamba-2 (``mamba_ssm``'s ``RMSNormGated``), in plain PyTorch, and
+the blocks' plain RMSNorm with a native CPU forward and backward."""
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from . import _triton
+from . import _triton, native_cpu
 from ._triton import rmsnorm_fn
 
-__all__ = ['gated_rms_norm']
+__all__ = ['gated_rms_norm', 'rms_norm', 'RMSNorm']
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float | None = None) -> Tensor:
+    """``F.rms_norm`` over the last dimension, in the native CPU kernels
+    (:func:`.native_cpu.rms_norm_forward`) where they apply: a float32 / float64 CPU input
+    with a weight of its dtype (or none), outside autocast (:func:`.native_cpu.use_for`).
+    The same result to rounding (tested); PyTorch's CPU backward of ``F.rms_norm`` is a
+    composition of about ten operations, this one pass per row."""
+    shape = (x.shape[-1], )
+    if (x.dtype in (torch.float32, torch.float64) and native_cpu.use_for(x)
+            and x.numel() > 0 and (weight is None or weight.dtype == x.dtype)
+            and not torch.is_autocast_enabled(x.device.type)):
+        eps = torch.finfo(x.dtype).eps if eps is None else eps
+        return _RMSNorm.apply(x, weight, eps)
+    return F.rms_norm(x, shape, weight, eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """:func:`rms_norm` in the native kernels; keeps ``x`` and the per-row ``rstd``. Not twice
+    differentiable."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x = x.contiguous()
+        y, rstd = native_cpu.rms_norm_forward(x, weight, eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        dx, dweight = native_cpu.rms_norm_backward(grad.contiguous(), x, rstd, weight)
+        return dx, dweight, None
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` over the last dimension (same parameters and state dict) that runs
+    :func:`rms_norm`: on CPU in the native kernels, elsewhere ``F.rms_norm``."""
+
+    def __init__(self, normalized_shape: int, eps: float | None = None,
+                 elementwise_affine: bool = True, **kwargs):
+        if not isinstance(normalized_shape, int):
+            raise ValueError(f'RMSNorm: normalizes the last dimension only; normalized_shape '
+                             f'must be an int, got {normalized_shape!r}')
+        super().__init__(normalized_shape, eps, elementwise_affine, **kwargs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1:] != self.normalized_shape:
+            raise ValueError(f'RMSNorm: expected inputs of {self.normalized_shape[0]} channels '
+                             f'(last dimension), got {tuple(x.shape)}')
+        return rms_norm(x, self.weight, self.eps)
 
 
 def gated_rms_norm(x: Tensor,

@@ -449,6 +449,7 @@ def test_results_do_not_depend_on_the_thread_count():
     t = torch.rand(5, 37, generator=gen).cumsum(-1)
     sx, (sdy, sdys, sys_, sdxs), (ss, sd) = _scan_operands(torch.float32, gen)
     px, py = torch.randn(2, 3, 2, 2, 17, 150, generator=gen).unbind(0)
+    rstd = torch.rand(6, 37, 1, generator=gen) + 0.5
     pcb = torch.randn(3, 2, 2, 150, 150, generator=gen)
 
     def run():
@@ -466,7 +467,9 @@ def test_results_do_not_depend_on_the_thread_count():
                 *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], True, True),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], False, False),
-                *native_cpu.masked_outer(px, py, [0, 64, 128, 150], diag=True)]
+                *native_cpu.masked_outer(px, py, [0, 64, 128, 150], diag=True),
+                *native_cpu.rms_norm_forward(xc, w[0, :, 0].contiguous(), 1e-5),
+                *native_cpu.rms_norm_backward(dx.contiguous(), xc, rstd, w[0, :, 0].contiguous())]
 
     for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
         assert torch.equal(one, two)

@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmdinomamba.ops import causal_conv1d, gated_rms_norm
+from mmdinomamba.ops import RMSNorm, causal_conv1d, gated_rms_norm, rms_norm
 
 
 def _rms(v, eps):
@@ -142,3 +142,78 @@ def test_a_library_kernel_that_fails_at_run_time_falls_back(kernels_as_on_cuda, 
     for _ in range(2):
         torch.testing.assert_close(op(), want)
     assert calls == [1] and _triton._cache[key] is None
+
+
+def _rms_grads(fn, x, w, g):
+    x = x.detach().requires_grad_()
+    w = None if w is None else w.detach().requires_grad_()
+    y = fn(x, w)
+    y.backward(g)
+    return [y.detach(), x.grad, None if w is None else w.grad]
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-13), (torch.float32, 1e-6)])
+@pytest.mark.parametrize('with_weight', [True, False])
+@pytest.mark.parametrize('shape', [(3, 7, 5), (2, 197, 256), (40, 64)])
+def test_rms_norm_equals_pytorchs(dtype, tol, with_weight, shape):
+    # the native CPU forward and backward against F.rms_norm's autograd; 197 x 2 rows: the
+    # weight's gradient summed over several chunks of rows; the input a transposed view
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, dtype=dtype).mT
+    w = torch.randn(shape[-1], generator=gen, dtype=dtype) if with_weight else None
+    g = torch.randn(shape, generator=gen, dtype=dtype)
+    got = _rms_grads(lambda a, b: rms_norm(a, b, 1e-5), x, w, g)
+    want = _rms_grads(lambda a, b: F.rms_norm(a, shape[-1:], b, 1e-5), x, w, g)
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol * b.abs().max().item())
+
+
+def test_rms_norm_runs_natively_on_cpu_and_falls_back_elsewhere(monkeypatch):
+    from mmdinomamba.ops import fast_path_variant, native_cpu
+    calls = []
+    for name in ('rms_norm_forward', 'rms_norm_backward'):
+        fn = getattr(native_cpu, name)
+        monkeypatch.setattr(native_cpu, name,
+                            lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    x, w, g = torch.randn(4, 9, 16), torch.randn(16), torch.randn(4, 9, 16)
+    native = _rms_grads(lambda a, b: rms_norm(a, b, 1e-6), x, w, g)
+    assert calls == ['rms_norm_forward', 'rms_norm_backward']
+    calls.clear()
+    # bfloat16, autocast and the switched-off kernels take F.rms_norm, with its results
+    _rms_grads(lambda a, b: rms_norm(a, b, 1e-6), x.bfloat16(), w.bfloat16(), g.bfloat16())
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        rms_norm(x, w, 1e-6)
+    with fast_path_variant(native_cpu=False):
+        ops = _rms_grads(lambda a, b: rms_norm(a, b, 1e-6), x, w, g)
+    assert calls == []
+    for a, b in zip(native, ops):
+        torch.testing.assert_close(a, b)
+
+
+def test_rms_norm_module_is_a_drop_in_for_torchs():
+    ours, theirs = RMSNorm(16, eps=1e-5), nn.RMSNorm(16, eps=1e-5)
+    nn.init.normal_(theirs.weight)
+    ours.load_state_dict(theirs.state_dict())
+    assert isinstance(ours, nn.RMSNorm) and ours.state_dict().keys() == {'weight'}
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(ours(x), theirs(x))
+    assert RMSNorm(16, elementwise_affine=False)(x).shape == x.shape
+    with pytest.raises(ValueError, match='expected inputs of 16 channels'):
+        ours(torch.randn(2, 16, 5))
+    with pytest.raises(ValueError, match='normalized_shape must be an int'):
+        RMSNorm([4, 16])
+
+
+def test_native_rms_norm_bad_input_is_named():
+    from mmdinomamba.ops import native_cpu
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match='x must be a contiguous float32 or float64'):
+        native_cpu.rms_norm_forward(x.mT, None, 1e-5)
+    with pytest.raises(RuntimeError, match='weight must be a contiguous \\(8,\\) tensor'):
+        native_cpu.rms_norm_forward(x, torch.randn(7), 1e-5)
+    y, rstd = native_cpu.rms_norm_forward(x, None, 1e-5)
+    with pytest.raises(RuntimeError, match='rstd must hold one value of x\'s dtype per row'):
+        native_cpu.rms_norm_backward(x, x, rstd[:3], None)

@@ -5,6 +5,7 @@ import torch
 from mmpretrain.registry import MODELS
 from torch import Tensor, nn
 
+from ...ops import RMSNorm
 from ..mixers import BiSSD
 from ..utils import CheckpointMismatchError
 from .base import PlainBackbone
@@ -76,7 +77,7 @@ class DinoVim(PlainBackbone):
                          **kwargs)
 
     def _build_norm(self) -> nn.Module:
-        return nn.RMSNorm(self.embed_dims, eps=self.norm_eps)
+        return RMSNorm(self.embed_dims, eps=self.norm_eps)
 
     def _build_block(self, index: int, drop_path: float) -> nn.Module:
         return Block(self._build_norm(), BiSSD(self.embed_dims, **self.mixer_cfg), drop_path)
