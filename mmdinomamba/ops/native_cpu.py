@@ -312,15 +312,15 @@ def column_products(a: Tensor, m: Tensor, bounds: list[int], transpose: bool,
     return out
 
 
-def masked_outer(dy: Tensor, x: Tensor, bounds: list[int],
-                 diag: bool = False) -> tuple[Tensor, Tensor | None]:
+def masked_outer(dy: Tensor, x: Tensor, bounds: list[int], diag: bool = False,
+                 first_lower: bool = True) -> tuple[Tensor, Tensor | None]:
     """``dy^T @ x`` (b, R, g, L, L) per (sample, direction, group) of ``dy`` and ``x`` (b, R,
-    g, P, L) on direction 0's strict lower and direction 1's strict upper triangle, zero
-    elsewhere (its blocks off the triangle never computed), and with ``diag`` the full
-    product's diagonal (b, R, g, L) (else None)."""
+    g, P, L) on direction 0's strict lower and direction 1's strict upper triangle (the other
+    way round unless ``first_lower``), zero elsewhere (its blocks off the triangle never
+    computed), and with ``diag`` the full product's diagonal (b, R, g, L) (else None)."""
     out = dy.new_empty(*dy.shape[:3], dy.shape[-1], dy.shape[-1])
     d = dy.new_empty(*dy.shape[:3], dy.shape[-1]) if diag else None
-    _module().masked_outer(dy, x, out, list(bounds), d)
+    _module().masked_outer(dy, x, out, list(bounds), d, first_lower)
     return out, d
 
 

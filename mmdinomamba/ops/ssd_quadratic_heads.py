@@ -21,6 +21,7 @@ from torch import Tensor
 
 from . import native_cpu
 from .ssd_chunked_blocks import exp_decay
+from .ssd_triangles import block_bounds
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
 
@@ -89,6 +90,26 @@ def _matrices(x, dt, S, r, b_idx, h_idx) -> dict:
     return dict(xs=xs, el=el, hi=hi, scale=scale)
 
 
+def _blocks(native: bool, *tensors: Tensor) -> list[int] | None:
+    """The token blocks of :mod:`.ssd_triangles` if the subset's (N, ., L) products run in the
+    native kernels (``native``, several blocks, operands that suit them), else None."""
+    bounds = block_bounds(tensors[0].shape[-1])
+    planes = [t.unsqueeze(1).unsqueeze(1) for t in tensors]
+    return bounds if native and len(bounds) > 2 and native_cpu.planes_fit(*planes) else None
+
+
+def _product(a: Tensor, w: Tensor, bounds: list[int], transpose: bool,
+             lower: bool) -> Tensor:
+    """``a @ w`` (``transpose``: ``a @ w^T``) of (N, p, L) and the strictly ``lower`` (else
+    upper) triangular (N, L, L) weights, their zero blocks skipped
+    (:func:`.native_cpu.column_products`)."""
+    # column block j of op(w) reads rows [0, j1) when op(w) is upper triangular
+    prefix = lower == transpose
+    out = native_cpu.column_products(a[:, None, None], w[:, None, None], bounds, transpose,
+                                     prefix_first=prefix)
+    return out.view(a.shape)
+
+
 def _decay(hi: Tensor) -> Tensor:
     """``E = exp(clamp(hi_i - hi_j, -60, 0))`` (N, L, L)."""
     return exp_decay(hi[..., :, None] - hi[..., None, :])
@@ -103,11 +124,16 @@ def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, r, b_idx, h_idx)
         flat = _heads(cb, r, b_idx, g_idx)
-        if native:
-            wt = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=True)
+        bounds = _blocks(native, m['xs'])
+        if bounds is not None:  # W's zero blocks skipped
+            W = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=False)
+            ys = _product(m['xs'], W, bounds, transpose=True, lower=r == 0)
         else:
-            wt = (_decay(m['hi']) * cbs.index_select(0, flat)).transpose(-1, -2).contiguous()
-        ys = torch.matmul(m['xs'], wt)
+            if native:
+                wt = native_cpu.wide_weights(m['hi'], cbs, flat, r, transpose=True)
+            else:
+                wt = (_decay(m['hi']) * cbs.index_select(0, flat)).transpose(-1, -2).contiguous()
+            ys = torch.matmul(m['xs'], wt)
         if m['el'] is not None:
             ys.mul_(m['el'].unsqueeze(-2))
         _add_at(y, r, b_idx, h_idx, ys)
@@ -144,11 +170,17 @@ def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide:
             W = E * cbs.index_select(0, flat)
         dys = _take(dy, r, b_idx, h_idx)
         dys = dys if el is None else dys.mul_(el.unsqueeze(-2))
-        dxs = torch.matmul(dys, W)
+        bounds = _blocks(native, dys, m['xs'])
+        if bounds is not None:  # W's and dW's zero blocks skipped
+            dxs = _product(dys, W, bounds, transpose=False, lower=r == 0)
+            dW = native_cpu.masked_outer(dys[:, None, None], m['xs'][:, None, None], bounds,
+                                         first_lower=r == 0)[0].view(W.shape)
+        else:
+            dxs = torch.matmul(dys, W)
+            dW = torch.matmul(dys.transpose(-1, -2), m['xs'])
         _add_at(dx, r, b_idx, h_idx, dxs * m['scale'].unsqueeze(-2))
         ddt_direct = (dxs.mul_(_take(x, r, b_idx, h_idx))).sum(-2)
         _add_at(ddt, r, b_idx, h_idx, ddt_direct if el is None else ddt_direct / el)
-        dW = torch.matmul(dys.transpose(-1, -2), m['xs'])
         t_hi, t_lo = _split(_take(T, r, b_idx, h_idx), x.dtype)
         if native:
             dS_sub, pairs = native_cpu.wide_grads(dW, m['hi'], t_hi, cbs, flat, r, dcbs)

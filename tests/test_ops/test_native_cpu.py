@@ -506,6 +506,9 @@ def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
 @pytest.mark.parametrize('length', [23, 130])
 def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
+    with torch.no_grad():  # A = -1: every head factored (the next test has the others)
+        m.A_log.zero_()
+        m.A_log_b.zero_()
     x = torch.randn(3, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
                                   'merge_backward', 'scale_tokens', 'scan_output',
@@ -549,19 +552,28 @@ def test_fast_path_changes_layout_in_them(monkeypatch):
             assert torch.equal(a, b) or torch.allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
-def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch):
+@pytest.mark.parametrize('length', [23, 130])
+def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # dt about softplus(0), A = -300: too wide to factor
         m.dt_bias.zero_()
         m.dt_b_bias.zero_()
         m.A_log.fill_(math.log(300.))
         m.A_log_b[:2].fill_(math.log(300.))
-    x = torch.randn(2, 23, 32, dtype=torch.float64)
-    calls = _record(monkeypatch, ('wide_weights', 'wide_grads'))
+        m.A_log_b[2:].fill_(math.log(.5))  # factored: few enough wide heads at 130 tokens
+    x = torch.randn(2, length, 32, dtype=torch.float64)
+    calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'column_products',
+                                  'masked_outer'))
     native = _grads(m, x)
     # forward: weights per direction; backward: per direction the weights again and their
     # gradients
-    assert calls == ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2
+    assert [c for c in calls if c.startswith('wide')] == (
+        ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2)
+    # their (L, L) products natively at several token blocks (130 tokens): per direction one
+    # forward and two backward; the factored heads' four and two
+    blocks = length >= 128
+    assert calls.count('column_products') == 8 * blocks
+    assert calls.count('masked_outer') == 1 + 3 * blocks
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-12)
 
 

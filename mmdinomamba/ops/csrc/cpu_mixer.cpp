@@ -1134,11 +1134,13 @@ void column_products(const at::Tensor& a, const at::Tensor& m, at::Tensor& out,
 }
 
 // out = dy^T @ x per (b, r, g) (dy, x (b, R, g, P, L); out (b, R, g, L, L)) on direction 0's
-// strict lower and direction 1's strict upper triangle, zero elsewhere: row block i computes
-// only the columns of its blocks that reach the triangle, then zeroes the rest of its rows.
-// `diag` (b, R, g, L), if defined, receives the diagonal of the full product.
+// strict lower and direction 1's strict upper triangle (the other way round unless
+// `first_lower`), zero elsewhere: row block i computes only the columns of its blocks that
+// reach the triangle, then zeroes the rest of its rows. `diag` (b, R, g, L), if defined,
+// receives the diagonal of the full product.
 void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
-                  const std::vector<int64_t>& bounds_in, std::optional<at::Tensor> diag) {
+                  const std::vector<int64_t>& bounds_in, std::optional<at::Tensor> diag,
+                  bool first_lower) {
   TORCH_CHECK(dy.dim() == 5 &&
                   (dy.scalar_type() == at::kFloat || dy.scalar_type() == at::kDouble),
               "native products: the first operand must be a (b, R, g, P, L) float32 or float64 "
@@ -1163,14 +1165,15 @@ void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
         const int64_t i = task % blocks, u = task / blocks;
         const int64_t g = u % d.groups, r = (u / d.groups) % d.dirs, b = u / (d.groups * d.dirs);
         const int64_t i0 = bounds[i], i1 = bounds[i + 1];
-        const int64_t c0 = r == 0 ? 0 : i0, c1 = r == 0 ? i1 : length;
+        const bool lower = (r == 0) == first_lower;
+        const int64_t c0 = lower ? 0 : i0, c1 = lower ? i1 : length;
         scalar_t* rows = o.plane(b, r, g) + i0 * o.ld;
         gemm<scalar_t>(true, false, i1 - i0, c1 - c0, d.rows, d.plane(b, r, g) + i0, d.ld,
                        v.plane(b, r, g) + c0, v.ld, rows + c0, o.ld);
         for (int64_t t = i0; t < i1; ++t) {
           scalar_t* row = rows + (t - i0) * o.ld;
           if (dg != nullptr) dg[u * length + t] = row[t];
-          if (r == 0)
+          if (lower)
             std::fill(row + t, row + length, scalar_t(0));
           else
             std::fill(row, row + t + 1, scalar_t(0));
