@@ -35,7 +35,7 @@ from . import ssd_quadratic_heads as heads
 from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
 from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
-                            masked_outer, transposed)
+                            masked_outer)
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -175,7 +175,7 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     if native and native_cpu.planes_fit(B, C, dcb):  # dcb's zero blocks skipped
         dB, dC = apply_masked_t(C, dcb, True), apply_masked(B, dcb, True)
     else:
-        dB, dC = torch.matmul(C, dcb), torch.matmul(B, transposed(dcb))
+        dB, dC = torch.matmul(C, dcb), torch.matmul(B, dcb.mT)
     dB.addcmul_(C, dcb_diag.unsqueeze(-2))
     dC.addcmul_(B, dcb_diag.unsqueeze(-2))
     da = decay_grad(dS)

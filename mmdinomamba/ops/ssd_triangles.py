@@ -21,7 +21,7 @@ from . import native_cpu
 from .variants import current_variant
 
 __all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'apply_masked', 'apply_masked_t',
-           'masked_outer', 'mask_triangles', 'transposed']
+           'masked_outer', 'mask_triangles']
 
 #: At most this many blocks, of at least ``MIN_BLOCK`` tokens (docs/results.md has the timings).
 BLOCKS = 4
@@ -37,12 +37,6 @@ def block_bounds(length: int) -> list[int]:
     k = max(1, min(BLOCKS, length // MIN_BLOCK)) if current_variant().triangle_blocks else 1
     inner = [ALIGN * round(i * length / k / ALIGN) for i in range(1, k)]
     return [0, *inner, length]
-
-
-def transposed(t: Tensor) -> Tensor:
-    """A contiguous copy of ``t.mT``: CPU GEMMs with a transposed right operand of odd size
-    (e.g. 65 or 197 tokens) run up to 2x slower than on the copy."""
-    return t.transpose(-1, -2).contiguous()
 
 
 def _native(native: bool, bounds: list[int], *tensors: Tensor) -> bool:
@@ -78,10 +72,10 @@ def apply_masked(x: Tensor, cb: Tensor, native: bool = False) -> Tensor:
     if _native(native, bounds, x, cb):
         return native_cpu.column_products(x, cb, bounds, transpose=True, prefix_first=True)
     if len(bounds) == 2:
-        return torch.matmul(x, transposed(cb))
+        return torch.matmul(x, cb.mT)
     out = x.new_empty(x.shape)
     for r, (xv, cv, ov) in _views(x, cb, out):
-        _columns(xv, transposed(cv), ov, bounds, prefix=r == 0)
+        _columns(xv, cv.mT, ov, bounds, prefix=r == 0)
     return out
 
 
