@@ -21,8 +21,8 @@ from .ssd_quadratic import FACTORED_RANGE, ssd_scan_quadratic
 from .ssd_ref import check_ssd_shapes, ssd_scan_ref
 from .variants import quadratic_max_len
 
-__all__ = ['ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'PORTABLE_CHUNK_SIZE', 'SSD_BACKENDS',
-           'WIDE_TOKENS']
+__all__ = ['ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'PORTABLE_CHUNK_SIZE',
+           'SSD_BACKENDS', 'WIDE_TOKENS']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
 
