@@ -21,9 +21,8 @@ from .variants import (QUADRATIC_MAX_LEN, FastPathVariant, current_variant, fast
 
 __all__ = [
     'ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'WIDE_TOKENS', 'ssd_scan_ref',
-    'ssd_scan_chunked',
-    'ssd_scan_quadratic', 'ssd_mixing_matrix', 'ssd_decay_matrix', 'gated_rms_norm', 'rms_norm',
-    'RMSNorm',
+    'ssd_scan_chunked', 'ssd_scan_quadratic', 'ssd_mixing_matrix', 'ssd_decay_matrix',
+    'gated_rms_norm', 'rms_norm', 'RMSNorm',
     'causal_conv1d', 'bidir_causal_conv1d',
     'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd_inner', 'InnerDims', 'portable_ops',
     'fast_path_variant', 'current_variant', 'FastPathVariant', 'SSD_BACKENDS',

@@ -15,8 +15,8 @@ RMSNorm (:func:`rms_norm_forward`, :func:`rms_norm_backward`; PyTorch's CPU back
 composition of about ten operations) runs one pass per row each way; and so do the copies
 between the token-major projections and the channel-major inside of the mixer
 (:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
-3-5x slower); the merge reads its gate and writes its
-output (and their gradients) token-major, transposing tile by tile in cache.
+3-5x slower); the merge reads its gate and writes its output (and their gradients) token-major,
+transposing tile by tile in cache.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and

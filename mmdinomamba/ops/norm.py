@@ -32,6 +32,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         x = x.contiguous()
+        weight = None if weight is None else weight.contiguous()
         y, rstd = native_cpu.rms_norm_forward(x, weight, eps)
         ctx.save_for_backward(x, rstd, weight)
         return y

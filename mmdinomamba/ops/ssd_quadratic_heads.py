@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import native_cpu
 from .ssd_chunked_blocks import exp_decay
-from .ssd_triangles import block_bounds
+from .ssd_triangles import block_bounds, native_blocks
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
 
@@ -92,10 +92,10 @@ def _matrices(x, dt, S, r, b_idx, h_idx) -> dict:
 
 def _blocks(native: bool, *tensors: Tensor) -> list[int] | None:
     """The token blocks of :mod:`.ssd_triangles` if the subset's (N, ., L) products run in the
-    native kernels (``native``, several blocks, operands that suit them), else None."""
+    native kernels (:func:`.ssd_triangles.native_blocks` of them as (N, 1, 1, ., L)), else
+    None."""
     bounds = block_bounds(tensors[0].shape[-1])
-    planes = [t.unsqueeze(1).unsqueeze(1) for t in tensors]
-    return bounds if native and len(bounds) > 2 and native_cpu.planes_fit(*planes) else None
+    return bounds if native_blocks(native, bounds, *[t[:, None, None] for t in tensors]) else None
 
 
 def _product(a: Tensor, w: Tensor, bounds: list[int], transpose: bool,

@@ -20,8 +20,8 @@ from torch import Tensor
 from . import native_cpu
 from .variants import current_variant
 
-__all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'apply_masked', 'apply_masked_t',
-           'masked_outer', 'mask_triangles']
+__all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'native_blocks', 'apply_masked',
+           'apply_masked_t', 'masked_outer', 'mask_triangles']
 
 #: At most this many blocks, of at least ``MIN_BLOCK`` tokens (docs/results.md has the timings).
 BLOCKS = 4
@@ -39,7 +39,7 @@ def block_bounds(length: int) -> list[int]:
     return [0, *inner, length]
 
 
-def _native(native: bool, bounds: list[int], *tensors: Tensor) -> bool:
+def native_blocks(native: bool, bounds: list[int], *tensors: Tensor) -> bool:
     """Whether a product runs in the native kernel (:func:`.native_cpu.column_products`,
     :func:`.native_cpu.masked_outer`): asked to (``native``), operands that suit it, and
     several blocks. With one block PyTorch's batched GEMM of the contiguous operands is as
@@ -69,7 +69,7 @@ def apply_masked(x: Tensor, cb: Tensor, native: bool = False) -> Tensor:
     masked to each direction's strict triangle (``native``: in the native CPU kernel where the
     operands suit it, :func:`.native_cpu.column_products`)."""
     bounds = block_bounds(x.shape[-1])
-    if _native(native, bounds, x, cb):
+    if native_blocks(native, bounds, x, cb):
         return native_cpu.column_products(x, cb, bounds, transpose=True, prefix_first=True)
     if len(bounds) == 2:
         return torch.matmul(x, cb.mT)
@@ -83,7 +83,7 @@ def apply_masked_t(dy: Tensor, cb: Tensor, native: bool = False) -> Tensor:
     """``dy @ cb`` per direction and group (the transposed map of :func:`apply_masked`;
     ``native`` as there)."""
     bounds = block_bounds(dy.shape[-1])
-    if _native(native, bounds, dy, cb):
+    if native_blocks(native, bounds, dy, cb):
         return native_cpu.column_products(dy, cb, bounds, transpose=False, prefix_first=False)
     if len(bounds) == 2:
         return torch.matmul(dy, cb)
@@ -99,7 +99,7 @@ def masked_outer(dy: Tensor, x: Tensor, native: bool = False) -> Tensor:
     :func:`.native_cpu.masked_outer`)."""
     length = x.shape[-1]
     bounds = block_bounds(length)
-    if _native(native, bounds, dy, x):
+    if native_blocks(native, bounds, dy, x):
         return native_cpu.masked_outer(dy, x, bounds)[0]
     if len(bounds) == 2:
         return mask_triangles(torch.matmul(dy.transpose(-1, -2), x))

@@ -394,6 +394,11 @@ def test_products_bad_input_is_named():
     with pytest.raises(RuntimeError, match='first operand must be a \\(b, R, g, P, L\\) '
                                            'float32 or float64'):
         native_cpu.masked_outer(x.bfloat16(), x.bfloat16(), [0, 9])
+    strided = x.mT.contiguous().mT  # no unit stride along L
+    for fn in (lambda: native_cpu.masked_outer(strided, x, [0, 9]),
+               lambda: native_cpu.column_products(strided, cb, [0, 9], True, True)):
+        with pytest.raises(RuntimeError, match='the first operand must be a \\(b, R, g, 8, 9\\)'):
+            fn()
 
 
 def test_transpose_falls_back_to_pytorchs_copy():

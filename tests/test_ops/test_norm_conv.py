@@ -157,10 +157,11 @@ def _rms_grads(fn, x, w, g):
 @pytest.mark.parametrize('shape', [(3, 7, 5), (2, 197, 256), (40, 64)])
 def test_rms_norm_equals_pytorchs(dtype, tol, with_weight, shape):
     # the native CPU forward and backward against F.rms_norm's autograd; 197 x 2 rows: the
-    # weight's gradient summed over several chunks of rows; the input a transposed view
+    # weight's gradient summed over several chunks of rows; the input a transposed view, the
+    # weight a strided one
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape[:-2], shape[-1], shape[-2], generator=gen, dtype=dtype).mT
-    w = torch.randn(shape[-1], generator=gen, dtype=dtype) if with_weight else None
+    w = torch.randn(shape[-1], 2, generator=gen, dtype=dtype)[:, 0] if with_weight else None
     g = torch.randn(shape, generator=gen, dtype=dtype)
     got = _rms_grads(lambda a, b: rms_norm(a, b, 1e-5), x, w, g)
     want = _rms_grads(lambda a, b: F.rms_norm(a, shape[-1:], b, 1e-5), x, w, g)

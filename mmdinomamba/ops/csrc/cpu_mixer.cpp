@@ -124,22 +124,15 @@ inline void transpose_block<float>(const float* s, int64_t ss, float* d, int64_t
   transpose_tile_scalar(s, ss, d, ds, rows, cols);
 }
 
-// Token-major (n tokens x nc channels, token stride ts) -> channel-major rows of stride ds.
+// dst (rows x cols, row stride ds) = the transpose of src (cols x rows, row stride ss), tile by
+// tile, a row of tiles of dst at a time: token-major to channel-major (rows = channels) and back
+// (rows = tokens).
 template <typename T>
-void to_channels(const T* src, int64_t ts, T* dst, int64_t ds, int64_t nc, int64_t n) {
-  for (int64_t c = 0; c < nc; c += TRANSPOSE_TILE)
-    for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
-      transpose_block(src + t * ts + c, ts, dst + c * ds + t, ds, std::min(TRANSPOSE_TILE, nc - c),
-                      std::min(TRANSPOSE_TILE, n - t));
-}
-
-// Channel-major rows of stride ds (nc channels x n tokens) -> token-major (token stride ts).
-template <typename T>
-void to_tokens(const T* src, int64_t ds, T* dst, int64_t ts, int64_t nc, int64_t n) {
-  for (int64_t t = 0; t < n; t += TRANSPOSE_TILE)
-    for (int64_t c = 0; c < nc; c += TRANSPOSE_TILE)
-      transpose_block(src + c * ds + t, ds, dst + t * ts + c, ts, std::min(TRANSPOSE_TILE, n - t),
-                      std::min(TRANSPOSE_TILE, nc - c));
+void transpose_tiles(const T* src, int64_t ss, T* dst, int64_t ds, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; i += TRANSPOSE_TILE)
+    for (int64_t j = 0; j < cols; j += TRANSPOSE_TILE)
+      transpose_block(src + j * ss + i, ss, dst + i * ds + j, ds,
+                      std::min(TRANSPOSE_TILE, rows - i), std::min(TRANSPOSE_TILE, cols - j));
 }
 
 // A token-major (b, L, C) operand (a view into the projections or their gradient): its data and
@@ -224,7 +217,7 @@ void forward_kernel(Tokens<const T> x, const T* weight, const T* bias, T* act, i
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / blocks, c0 = (item % blocks) * TRANSPOSE_TILE;
       const int64_t nc = std::min(TRANSPOSE_TILE, channels - c0);
-      to_channels(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
+      transpose_tiles(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
       for (int64_t i = 0; i < nc; ++i) {
         const int64_t c = c0 + i;
         const T* xr = buf.data() + i * padded;
@@ -301,7 +294,7 @@ void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, ChannelP
       std::fill(dws.begin(), dws.end(), T(0));
       std::fill(dbs.begin(), dbs.end(), T(0));
       for (int64_t b = 0; b < batch; ++b) {
-        to_channels(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
+        transpose_tiles(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
         for (int64_t i = 0; i < nc; ++i) {
           const int64_t c = c0 + i;
           const T* w0 = weight + c * K;
@@ -324,7 +317,7 @@ void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, ChannelP
             out[s] = v;
           }
         }
-        to_tokens(rows.data(), length, dx.at(b, 0, c0), dx.token_stride, nc, length);
+        transpose_tiles(rows.data(), length, dx.at(b, 0, c0), dx.token_stride, length, nc);
       }
       for (int64_t i = 0; i < nc; ++i) {
         const int64_t c = c0 + i;
@@ -444,7 +437,7 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
       const int64_t b = bg / groups, c0 = (bg % groups) * cg;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
-        to_channels(z.at(b, t0, c0), z.token_stride, gate.data(), TILE, cg, n);
+        transpose_tiles(z.at(b, t0, c0), z.token_stride, gate.data(), TILE, cg, n);
         for (int64_t t = 0; t < n; ++t) ss0[t] = ss1[t] = 0;
         for (int64_t c = c0; c < c0 + cg; ++c) {
           const T* y0 = y + ((b * 2) * d + c) * length + t0;
@@ -472,7 +465,7 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
           for (int64_t t = 0; t < n; ++t)
             o[t] = o[t] * (y0[t] * ss0[t] * w0 + y1[t] * ss1[t] * w1);
         }
-        to_tokens(gate.data(), TILE, out.at(b, t0, c0), out.token_stride, cg, n);
+        transpose_tiles(gate.data(), TILE, out.at(b, t0, c0), out.token_stride, n, cg);
       }
     }
   });
@@ -494,8 +487,8 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
       for (int64_t c = c0; c < c0 + cg; ++c) dw[(b * 2) * d + c] = dw[(b * 2 + 1) * d + c] = 0;
       for (int64_t t0 = 0; t0 < length; t0 += TILE) {
         const int64_t n = std::min(TILE, length - t0);
-        to_channels(z.at(b, t0, c0), z.token_stride, zs.data(), TILE, cg, n);
-        to_channels(dm.at(b, t0, c0), dm.token_stride, gs.data(), TILE, cg, n);
+        transpose_tiles(z.at(b, t0, c0), z.token_stride, zs.data(), TILE, cg, n);
+        transpose_tiles(dm.at(b, t0, c0), dm.token_stride, gs.data(), TILE, cg, n);
         for (int64_t t = 0; t < n; ++t) r0[t] = r1[t] = m0[t] = m1[t] = 0;
         // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); es holds exp(-z)
         for (int64_t c = c0; c < c0 + cg; ++c) {
@@ -553,7 +546,7 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
           dw[(b * 2) * d + c] += T(0.5) * a0;
           dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
         }
-        to_tokens(es.data(), TILE, dz.at(b, t0, c0), dz.token_stride, cg, n);
+        transpose_tiles(es.data(), TILE, dz.at(b, t0, c0), dz.token_stride, n, cg);
       }
     }
   });
@@ -1023,12 +1016,13 @@ void* blas_symbol(const char* name) {
 
 bool direct_blas = true;  // false: at::mm_out throughout (tests cover that path with it)
 
-// Whether the GEMMs go to the BLAS directly; set_direct_blas(false) switches to at::mm_out
-// (returns the previous setting).
+// Whether torch's BLAS GEMMs were found.
 bool blas_found() {
   return blas_symbol("sgemm_") != nullptr && blas_symbol("dgemm_") != nullptr;
 }
 
+// Whether the GEMMs go to the BLAS directly (where found) or to at::mm_out; returns the
+// previous setting.
 bool set_direct_blas(bool on) {
   const bool previous = direct_blas;
   direct_blas = on;
@@ -1090,6 +1084,14 @@ void check_stack(const at::Tensor& t, const at::Tensor& like, int64_t rows, int6
               "dimension, got ", t.sizes(), " strides ", t.strides());
 }
 
+// The first operand (b, R, g, P, L) of a product: float32 or float64, and a stack of planes.
+void check_first_operand(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 5 && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble),
+              "native products: the first operand must be a (b, R, g, P, L) float32 or float64 "
+              "tensor, got ", t.sizes(), " ", t.scalar_type());
+  check_stack(t, t, t.size(3), t.size(4), "the first operand");
+}
+
 std::vector<int64_t> checked_bounds(const std::vector<int64_t>& bounds, int64_t length) {
   TORCH_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == length &&
                   std::is_sorted(bounds.begin(), bounds.end()) &&
@@ -1104,11 +1106,8 @@ std::vector<int64_t> checked_bounds(const std::vector<int64_t>& bounds, int64_t 
 // `prefix_first` and for direction 1 otherwise.
 void column_products(const at::Tensor& a, const at::Tensor& m, at::Tensor& out,
                      const std::vector<int64_t>& bounds_in, bool transpose, bool prefix_first) {
-  TORCH_CHECK(a.dim() == 5 && (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble),
-              "native products: the first operand must be a (b, R, g, P, L) float32 or float64 "
-              "tensor, got ", a.sizes(), " ", a.scalar_type());
+  check_first_operand(a);
   const int64_t length = a.size(4);
-  check_stack(a, a, a.size(3), length, "the first operand");
   check_stack(m, a, length, length, "the matrices");
   check_stack(out, a, a.size(3), length, "the output");
   const auto bounds = checked_bounds(bounds_in, length);
@@ -1141,10 +1140,7 @@ void column_products(const at::Tensor& a, const at::Tensor& m, at::Tensor& out,
 void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
                   const std::vector<int64_t>& bounds_in, std::optional<at::Tensor> diag,
                   bool first_lower) {
-  TORCH_CHECK(dy.dim() == 5 &&
-                  (dy.scalar_type() == at::kFloat || dy.scalar_type() == at::kDouble),
-              "native products: the first operand must be a (b, R, g, P, L) float32 or float64 "
-              "tensor, got ", dy.sizes(), " ", dy.scalar_type());
+  check_first_operand(dy);
   const int64_t length = dy.size(4);
   check_stack(x, dy, dy.size(3), length, "the second operand");
   check_stack(out, dy, length, length, "the output");
@@ -1316,12 +1312,8 @@ void transpose_kernel(const T* src, T* dst, int64_t batch, int64_t rows, int64_t
   at::parallel_for(0, batch * row_tiles, 4, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / row_tiles, i0 = (item % row_tiles) * TRANSPOSE_TILE;
-      const int64_t n_rows = std::min(TRANSPOSE_TILE, rows - i0);
-      for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
-        transpose_block(src + b * src_batch + j0 * src_row + i0, src_row,
-                        dst + b * dst_batch + i0 * dst_row + j0, dst_row, n_rows,
-                        std::min(TRANSPOSE_TILE, cols - j0));
-      }
+      transpose_tiles(src + b * src_batch + i0, src_row, dst + b * dst_batch + i0 * dst_row,
+                      dst_row, std::min(TRANSPOSE_TILE, rows - i0), cols);
     }
   });
 }
