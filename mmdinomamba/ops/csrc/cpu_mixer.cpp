@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -164,11 +166,42 @@ void check_token_major(const at::Tensor& t, int64_t batch, int64_t length, int64
 }
 
 
+// exp(x) for the element-wise loops: std::exp in float64; in float32 inlined, so that a loop
+// vectorizes without a call into the vector math library per vector and without scalar calls
+// for its remainder: exp(x) = 2^n exp(r) with n = round(x / ln 2), r = x - n ln 2 (ln 2 in two
+// parts), exp(r) by its polynomial of degree 7 on |r| <= ln 2 / 2 (the coefficients of Cephes'
+// expf, within 1.5 ulp of exp), 2^n built in the exponent bits. x is clamped to [-87, 88], where
+// both 2^n and the result are normal floats: callers only pass arguments whose results below
+// exp(-87) or above exp(88) do not matter (they cap them themselves).
+template <typename T>
+inline T exp_inline(T x) {
+  return std::exp(x);
+}
+
+template <>
+inline float exp_inline<float>(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
 // exp(-p) with the exponent capped at 80 (under -ffast-math, a division by an infinite
 // 1 + exp(-p) may give NaN; exp(-80) is far below the resolution of SiLU at such p).
 template <typename T>
 inline T exp_neg(T p) {
-  return std::exp(std::min(-p, T(80)));
+  return exp_inline(std::min(-p, T(80)));
 }
 
 // silu(p) = p / (1 + exp(-p)).
@@ -186,77 +219,96 @@ inline T silu_grad(T p, T e, T s) {
   return s * (T(1) + std::max(p, T(-80)) * e * s);
 }
 
-// Pre-activation of direction D at token t (x points at the padded row).
-template <int D, int K, typename T>
-inline T pre_activation(const T* x, const T* w, T bias, int64_t t) {
-  T p = bias;
-#pragma GCC unroll 8
-  for (int k = 0; k < K; ++k) p += w[k] * x[t + (D == 0 ? k : 2 * (K - 1) - k)];
-  return p;
+// The conv runs token-major, with a block of W = TRANSPOSE_TILE channels as one vector: per
+// sample and block, the block's input rows are copied into a zero-padded token-major buffer
+// (L + 2 (K - 1)) x W, token t of direction 0 (causal) reads its padded rows t + k with tap k,
+// direction 1 its rows t + 2 (K - 1) - k; the channel-major outputs and gradients are transposed
+// to or from W-wide token-major buffers. Every vector is full whatever L is (a channel-major
+// pass would run rows of L = 17 or 65 tokens: one or four vectors and a scalar remainder each).
+
+// One token's W lanes, a fixed-size copy (vector loads and stores, no library call).
+template <typename T>
+inline void copy_lanes(const T* src, T* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < TRANSPOSE_TILE; ++i) dst[i] = src[i];
 }
 
-template <int D, int K, typename T>
-void silu_row(const T* x, const T* w, T bias, T* out, int64_t length) {
-#pragma omp simd
+// A block's filters tap-major, w[k][i] (zero for channels past the block's nc), and biases.
+template <int K, typename T>
+struct BlockFilters {
+  T w[2][K][TRANSPOSE_TILE];
+  T b[2][TRANSPOSE_TILE];
+  BlockFilters(const T* weight, const T* bias, int64_t channels, int64_t c0, int64_t nc) {
+    for (int r = 0; r < 2; ++r)
+      for (int64_t i = 0; i < TRANSPOSE_TILE; ++i) {
+        const int64_t c = r * channels + c0 + i;
+        for (int k = 0; k < K; ++k) w[r][k][i] = i < nc ? weight[c * K + k] : T(0);
+        b[r][i] = i < nc && bias ? bias[c] : T(0);
+      }
+  }
+};
+
+// The block's input rows of sample b into the padded token-major xt ((L + 2 (K - 1)) x W,
+// padding rows zero); columns past nc zero.
+template <int K, typename T>
+void load_block_rows(Tokens<const T> x, int64_t b, int64_t c0, int64_t nc, int64_t length,
+                     T* xt) {
+  constexpr int64_t W = TRANSPOSE_TILE;
   for (int64_t t = 0; t < length; ++t) {
-    const T p = pre_activation<D, K>(x, w, bias, t);
-    out[t] = silu(p);
+    const T* src = x.at(b, t, c0);
+    T* dst = xt + (t + K - 1) * W;
+    if (nc == W) {
+      copy_lanes(src, dst);
+    } else {
+      std::copy(src, src + nc, dst);
+      std::fill(dst + nc, dst + W, T(0));
+    }
   }
 }
 
-// Per sample and block of TRANSPOSE_TILE channels, the block's rows of the token-major input are
-// transposed into a zero-padded channel-major buffer that stays in cache (the layout of
-// shift_conv.py's xp), and each row is one pass per direction.
+// Pre-activations of both directions at the token whose padded rows start at xr (lane i).
+template <int K, typename T>
+inline void pre_activations(const BlockFilters<K, T>& f, const T* xr, int64_t i, T* p0, T* p1) {
+  constexpr int64_t W = TRANSPOSE_TILE;
+  T a = f.b[0][i], c = f.b[1][i];
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    a += f.w[0][k][i] * xr[k * W + i];
+    c += f.w[1][k][i] * xr[(2 * (K - 1) - k) * W + i];
+  }
+  *p0 = a;
+  *p1 = c;
+}
+
 template <int K, typename T>
 void forward_kernel(Tokens<const T> x, const T* weight, const T* bias, T* act, int64_t batch,
                     int64_t channels, int64_t length) {
+  constexpr int64_t W = TRANSPOSE_TILE;
   const int64_t padded = length + 2 * (K - 1);
-  const int64_t blocks = (channels + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  const int64_t blocks = (channels + W - 1) / W;
   at::parallel_for(0, batch * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> buf(TRANSPOSE_TILE * padded, T(0));  // its padding stays zero
+    std::vector<T> xt(padded * W, T(0)), out(2 * length * W);  // xt's padding stays zero
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / blocks, c0 = (item % blocks) * TRANSPOSE_TILE;
-      const int64_t nc = std::min(TRANSPOSE_TILE, channels - c0);
-      transpose_tiles(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
-      for (int64_t i = 0; i < nc; ++i) {
-        const int64_t c = c0 + i;
-        const T* xr = buf.data() + i * padded;
-        silu_row<0, K>(xr, weight + c * K, bias ? bias[c] : T(0),
-                       act + (b * 2 * channels + c) * length, length);
-        silu_row<1, K>(xr, weight + (channels + c) * K, bias ? bias[channels + c] : T(0),
-                       act + ((b * 2 + 1) * channels + c) * length, length);
+      const int64_t b = item / blocks, c0 = (item % blocks) * W;
+      const int64_t nc = std::min(W, channels - c0);
+      const BlockFilters<K, T> f(weight, bias, channels, c0, nc);
+      load_block_rows<K>(x, b, c0, nc, length, xt.data());
+      T* o0 = out.data();
+      T* o1 = o0 + length * W;
+      for (int64_t t = 0; t < length; ++t) {
+        const T* xr = xt.data() + t * W;
+#pragma omp simd
+        for (int64_t i = 0; i < W; ++i) {
+          T p0, p1;
+          pre_activations(f, xr, i, &p0, &p1);
+          o0[t * W + i] = silu(p0);
+          o1[t * W + i] = silu(p1);
+        }
       }
+      transpose_tiles(o0, W, act + (b * 2 * channels + c0) * length, length, nc, length);
+      transpose_tiles(o1, W, act + ((b * 2 + 1) * channels + c0) * length, length, nc, length);
     }
   });
-}
-
-// d(pre) of direction D into g[t + K - 1] (g zero-padded by K - 1 on both sides); adds the
-// row's filter and bias gradients to dw[0..K) and *db, in the same pass (the taps' inputs are
-// loaded for the pre-activation anyway).
-template <int D, int K, typename T>
-void grad_row(const T* x, const T* w, T bias, const T* dact, T* g, T* dw, T* db,
-              int64_t length) {
-  T accb = 0, a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+ : accb, a0, a1, a2, a3)
-  for (int64_t t = 0; t < length; ++t) {
-    T xs[K];
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) xs[k] = x[t + (D == 0 ? k : 2 * (K - 1) - k)];
-    T p = bias;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) p += w[k] * xs[k];
-    const T e = exp_neg(p);
-    const T q = dact[t] * silu_grad(p, e, T(1) / (T(1) + e));
-    g[t + K - 1] = q;
-    accb += q;
-    a0 += q * xs[0];
-    if constexpr (K > 1) a1 += q * xs[1];
-    if constexpr (K > 2) a2 += q * xs[2];
-    if constexpr (K > 3) a3 += q * xs[3];
-  }
-  const T a[4] = {a0, a1, a2, a3};
-  for (int k = 0; k < K; ++k) dw[k] += a[k];
-  *db += accb;
 }
 
 // The gradient of the conv's output (b, 2, C, L) given as channel ranges of up to three
@@ -266,68 +318,89 @@ struct ChannelParts {
   const T* data[3];
   int64_t end[3];  // channels [end[i - 1], end[i]) are part i's
   int count;
-  const T* row(int64_t b, int64_t r, int64_t c, int64_t length) const {
+  // Rows [c0, c0 + nc) of direction r of sample b, transposed into the token-major out
+  // (L x W): out[t * W + c - c0] = dact[b, r, c, t], run by run of channels inside one part.
+  void transpose_block(int64_t b, int64_t r, int64_t c0, int64_t nc, int64_t length,
+                       T* out) const {
     int64_t start = 0;
     for (int i = 0; i < count; ++i) {
-      if (c < end[i]) return data[i] + ((b * 2 + r) * (end[i] - start) + c - start) * length;
+      const int64_t lo = std::max(c0, start), hi = std::min(c0 + nc, end[i]);
+      if (lo < hi) {
+        const T* src = data[i] + ((b * 2 + r) * (end[i] - start) + lo - start) * length;
+        transpose_tiles(src, length, out + (lo - c0), TRANSPOSE_TILE, length, hi - lo);
+      }
       start = end[i];
     }
-    return nullptr;  // not reached: the parts cover every channel
   }
 };
 
 template <int K, typename T>
 void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, ChannelParts<T> dact,
                      Tokens<T> dx, T* dw, T* db, int64_t batch, int64_t channels, int64_t length) {
+  constexpr int64_t W = TRANSPOSE_TILE;
   const int64_t padded = length + 2 * (K - 1);
-  const int64_t blocks = (channels + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-  // blocks of channels in parallel: each thread owns its channels' filter gradients; inside,
-  // sample by sample, the block's input rows transposed into a padded buffer as in the forward
-  // pass and its rows of dx transposed back into the token-major dx
+  const int64_t blocks = (channels + W - 1) / W;
+  // blocks of channels in parallel: each thread owns its channels' filter gradients, summed
+  // sample by sample and token by token (lane i: channel c0 + i)
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    constexpr int64_t n = TRANSPOSE_TILE;
-    std::vector<T> buf(n * padded, T(0)), rows(n * length);
-    std::vector<T> g0(padded, T(0)), g1(padded, T(0));
-    std::vector<T> dws(2 * n * K), dbs(2 * n);  // direction-major
+    std::vector<T> xt(padded * W, T(0)), da(2 * length * W, T(0));
+    std::vector<T> g(2 * padded * W, T(0));  // d(pre) of both directions, padded like xt
     for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t c0 = blk * n, nc = std::min(n, channels - c0);
-      std::fill(dws.begin(), dws.end(), T(0));
-      std::fill(dbs.begin(), dbs.end(), T(0));
+      const int64_t c0 = blk * W, nc = std::min(W, channels - c0);
+      const BlockFilters<K, T> f(weight, bias, channels, c0, nc);
+      T aw[2][K][W] = {}, ab[2][W] = {};
+      T* g0 = g.data();
+      T* g1 = g0 + padded * W;
       for (int64_t b = 0; b < batch; ++b) {
-        transpose_tiles(x.at(b, 0, c0), x.token_stride, buf.data() + (K - 1), padded, nc, length);
-        for (int64_t i = 0; i < nc; ++i) {
-          const int64_t c = c0 + i;
-          const T* w0 = weight + c * K;
-          const T* w1 = weight + (channels + c) * K;
-          const T* xr = buf.data() + i * padded;
-          grad_row<0, K>(xr, w0, bias ? bias[c] : T(0), dact.row(b, 0, c, length),
-                         g0.data(), dws.data() + i * K, dbs.data() + i, length);
-          grad_row<1, K>(xr, w1, bias ? bias[channels + c] : T(0), dact.row(b, 1, c, length),
-                         g1.data(), dws.data() + (n + i) * K, dbs.data() + n + i, length);
-          // input token s sits at padded index s + K - 1: direction 0's tap k read it at
-          // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
-          T* out = rows.data() + i * length;
-          const T* h0 = g0.data();
-          const T* h1 = g1.data();
+        load_block_rows<K>(x, b, c0, nc, length, xt.data());
+        const T* d0 = da.data();
+        const T* d1 = d0 + length * W;
+        dact.transpose_block(b, 0, c0, nc, length, da.data());
+        dact.transpose_block(b, 1, c0, nc, length, da.data() + length * W);
+        for (int64_t t = 0; t < length; ++t) {
+          const T* xr = xt.data() + t * W;
 #pragma omp simd
-          for (int64_t s = 0; s < length; ++s) {
-            T v = 0;
+          for (int64_t i = 0; i < W; ++i) {
+            T p0, p1;
+            pre_activations(f, xr, i, &p0, &p1);
+            const T e0 = exp_neg(p0), e1 = exp_neg(p1);
+            const T q0 = d0[t * W + i] * silu_grad(p0, e0, T(1) / (T(1) + e0));
+            const T q1 = d1[t * W + i] * silu_grad(p1, e1, T(1) / (T(1) + e1));
+            g0[(t + K - 1) * W + i] = q0;
+            g1[(t + K - 1) * W + i] = q1;
+            ab[0][i] += q0;
+            ab[1][i] += q1;
 #pragma GCC unroll 8
-            for (int k = 0; k < K; ++k) v += w0[k] * h0[s + 2 * (K - 1) - k] + w1[k] * h1[s + k];
-            out[s] = v;
+            for (int k = 0; k < K; ++k) {
+              aw[0][k][i] += q0 * xr[k * W + i];
+              aw[1][k][i] += q1 * xr[(2 * (K - 1) - k) * W + i];
+            }
           }
         }
-        transpose_tiles(rows.data(), length, dx.at(b, 0, c0), dx.token_stride, length, nc);
+        // input token s sits at padded row s + K - 1: direction 0's tap k read it at
+        // t = s + K - 1 - k, direction 1's at t = s - K + 1 + k (g is offset by K - 1)
+        for (int64_t s = 0; s < length; ++s) {
+          T v[W];
+#pragma omp simd
+          for (int64_t i = 0; i < W; ++i) {
+            T acc = 0;
+#pragma GCC unroll 8
+            for (int k = 0; k < K; ++k)
+              acc += f.w[0][k][i] * g0[(s + 2 * (K - 1) - k) * W + i] +
+                     f.w[1][k][i] * g1[(s + k) * W + i];
+            v[i] = acc;
+          }
+          if (nc == W)
+            copy_lanes(v, dx.at(b, s, c0));
+          else
+            std::copy(v, v + nc, dx.at(b, s, c0));
+        }
       }
       for (int64_t i = 0; i < nc; ++i) {
-        const int64_t c = c0 + i;
-        for (int k = 0; k < K; ++k) {
-          dw[c * K + k] = dws[i * K + k];
-          dw[(channels + c) * K + k] = dws[(n + i) * K + k];
-        }
-        if (db) {
-          db[c] = dbs[i];
-          db[channels + c] = dbs[n + i];
+        for (int r = 0; r < 2; ++r) {
+          const int64_t c = r * channels + c0 + i;
+          for (int k = 0; k < K; ++k) dw[c * K + k] = aw[r][k][i];
+          if (db) db[c] = ab[r][i];
         }
       }
     }
@@ -608,7 +681,7 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
 
 template <typename T>
 inline T decay(T d) {
-  return std::exp(std::min(std::max(d, T(-60)), T(0)));
+  return exp_inline(std::min(std::max(d, T(-60)), T(0)));
 }
 
 // The columns j of row i inside direction dir's strict triangle: [*j0, *j1).
