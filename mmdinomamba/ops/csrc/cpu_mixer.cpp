@@ -493,134 +493,149 @@ std::vector<at::Tensor> conv_silu_backward(const std::vector<at::Tensor>& dact,
 // The gated merge: out = (rmsnorm(y_0 g) w_0 + rmsnorm(y_1 g) w_1) / 2 with g = silu(z), the
 // root mean square over groups of d / G channels. y (b, 2, d, L) and dy are channel-major (the
 // scan's layout); z, the output, dm and dz are token-major (b, L, d) views into the projections
-// (unit channel stride, any token stride). Worked in tiles of TILE tokens of one sample and group:
-// the tile's token-major operands are transposed into channel-major scratch (the tile transposes
-// above), two passes run over the tile while it stays in cache, and the results are
-// transposed back, so no full transposed copy of z, dm, dz or the output goes through memory.
-constexpr int64_t TILE = 64;
+// (unit channel stride, any token stride). The work runs token-major, token by token with the
+// channels as vectors (the root mean squares are sums over a token's channels): per sample and
+// tile of MERGE_TOKENS tokens, the tile of y (and of dy in the backward pass) is transposed
+// between the channel-major layout and token-major scratch that stays in cache; z, dm, dz and
+// the output are read and written in place. Every vector is full whatever L is.
+constexpr int64_t MERGE_TOKENS = 16;
+
+// The halved norm weights w / 2 (2, d), as both passes use them.
+template <typename T>
+std::vector<T> half_weights(const T* w, int64_t d) {
+  std::vector<T> h(2 * d);
+  for (int64_t c = 0; c < 2 * d; ++c) h[c] = T(0.5) * w[c];
+  return h;
+}
+
+// The tile [t0, t0 + n) of y's (or dy's) two directions of sample b: channel-major rows of the
+// (b, 2, d, L) tensor <-> token-major scratch (2, MERGE_TOKENS, d).
+template <typename T>
+void tile_to_tokens(const T* y, int64_t b, int64_t t0, int64_t n, int64_t d, int64_t length,
+                    T* scratch) {
+  for (int64_t r = 0; r < 2; ++r)
+    transpose_tiles(y + (b * 2 + r) * d * length + t0, length, scratch + r * MERGE_TOKENS * d,
+                    d, n, d);
+}
+
+template <typename T>
+void tile_to_channels(const T* scratch, int64_t b, int64_t t0, int64_t n, int64_t d,
+                      int64_t length, T* y) {
+  for (int64_t r = 0; r < 2; ++r)
+    transpose_tiles(scratch + r * MERGE_TOKENS * d, d, y + (b * 2 + r) * d * length + t0,
+                    length, d, n);
+}
 
 template <typename T>
 void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> out,
                           int64_t batch, int64_t d, int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
-  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
-    T ss0[TILE], ss1[TILE];
-    std::vector<T> gate(cg * TILE);  // the tile's z, then its gate, then its output
-    for (int64_t bg = begin; bg < end; ++bg) {
-      const int64_t b = bg / groups, c0 = (bg % groups) * cg;
-      for (int64_t t0 = 0; t0 < length; t0 += TILE) {
-        const int64_t n = std::min(TILE, length - t0);
-        transpose_tiles(z.at(b, t0, c0), z.token_stride, gate.data(), TILE, cg, n);
-        for (int64_t t = 0; t < n; ++t) ss0[t] = ss1[t] = 0;
-        for (int64_t c = c0; c < c0 + cg; ++c) {
-          const T* y0 = y + ((b * 2) * d + c) * length + t0;
-          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          T* o = gate.data() + (c - c0) * TILE;
-#pragma omp simd
-          for (int64_t t = 0; t < n; ++t) {
-            const T g = silu(o[t]);
-            const T h0 = y0[t] * g, h1 = y1[t] * g;
-            ss0[t] += h0 * h0;
-            ss1[t] += h1 * h1;
-            o[t] = g;
+  const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
+  const std::vector<T> wh = half_weights(w, d);
+  at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> ys(2 * MERGE_TOKENS * d), gate(d);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / tiles, t0 = (item % tiles) * MERGE_TOKENS;
+      const int64_t n = std::min(MERGE_TOKENS, length - t0);
+      tile_to_tokens(y, b, t0, n, d, length, ys.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const T* zr = z.at(b, t0 + t, 0);
+        const T* y0 = ys.data() + t * d;
+        const T* y1 = y0 + MERGE_TOKENS * d;
+        T* o = out.at(b, t0 + t, 0);
+        for (int64_t c0 = 0; c0 < d; c0 += cg) {
+          T* g = gate.data();
+          T s0 = 0, s1 = 0;
+#pragma omp simd reduction(+ : s0, s1)
+          for (int64_t c = c0; c < c0 + cg; ++c) {
+            const T gc = silu(zr[c]);
+            const T h0 = y0[c] * gc, h1 = y1[c] * gc;
+            s0 += h0 * h0;
+            s1 += h1 * h1;
+            g[c] = gc;
           }
-        }
-        for (int64_t t = 0; t < n; ++t) {
-          ss0[t] = T(1) / std::sqrt(ss0[t] / T(cg) + eps);
-          ss1[t] = T(1) / std::sqrt(ss1[t] / T(cg) + eps);
-        }
-        for (int64_t c = c0; c < c0 + cg; ++c) {
-          const T* y0 = y + ((b * 2) * d + c) * length + t0;
-          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          T* o = gate.data() + (c - c0) * TILE;
-          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
+          const T r0 = T(1) / std::sqrt(s0 / T(cg) + eps);
+          const T r1 = T(1) / std::sqrt(s1 / T(cg) + eps);
+          const T* w0 = wh.data();
+          const T* w1 = w0 + d;
 #pragma omp simd
-          for (int64_t t = 0; t < n; ++t)
-            o[t] = o[t] * (y0[t] * ss0[t] * w0 + y1[t] * ss1[t] * w1);
+          for (int64_t c = c0; c < c0 + cg; ++c)
+            o[c] = g[c] * (y0[c] * r0 * w0[c] + y1[c] * r1 * w1[c]);
         }
-        transpose_tiles(gate.data(), TILE, out.at(b, t0, c0), out.token_stride, n, cg);
       }
     }
   });
 }
 
-// Gradients for dm: dy (b, 2, d, L), dz (token-major) and the filter gradient of every sample
-// dw (b, 2, d) (summed over b by the caller).
+// Gradients for dm: dy (b, 2, d, L), dz (token-major) and the weight's gradient of every tile
+// dw (b * tiles, 2, d) (summed by the caller: a fixed split, whatever the thread count).
 template <typename T>
 void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, const T* w,
                            T* dy, Tokens<T> dz, T* dw, int64_t batch, int64_t d, int64_t length,
                            int64_t groups, T eps) {
   const int64_t cg = d / groups;
-  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
-    T r0[TILE], r1[TILE], m0[TILE], m1[TILE];
-    // the tile's z, dm, and exp(-z) (then dz), channel-major
-    std::vector<T> zs(cg * TILE), gs(cg * TILE), es(cg * TILE);
-    for (int64_t bg = begin; bg < end; ++bg) {
-      const int64_t b = bg / groups, c0 = (bg % groups) * cg;
-      for (int64_t c = c0; c < c0 + cg; ++c) dw[(b * 2) * d + c] = dw[(b * 2 + 1) * d + c] = 0;
-      for (int64_t t0 = 0; t0 < length; t0 += TILE) {
-        const int64_t n = std::min(TILE, length - t0);
-        transpose_tiles(z.at(b, t0, c0), z.token_stride, zs.data(), TILE, cg, n);
-        transpose_tiles(dm.at(b, t0, c0), dm.token_stride, gs.data(), TILE, cg, n);
-        for (int64_t t = 0; t < n; ++t) r0[t] = r1[t] = m0[t] = m1[t] = 0;
-        // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); es holds exp(-z)
-        for (int64_t c = c0; c < c0 + cg; ++c) {
-          const T* y0 = y + ((b * 2) * d + c) * length + t0;
-          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          const T* zr = zs.data() + (c - c0) * TILE;
-          const T* g = gs.data() + (c - c0) * TILE;
-          T* ez = es.data() + (c - c0) * TILE;
-          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
+  const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
+  const std::vector<T> wh = half_weights(w, d);
+  at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
+    // the tile's y and dy (token-major), and one token's exp(-z)
+    std::vector<T> ys(2 * MERGE_TOKENS * d), dys(2 * MERGE_TOKENS * d), es(d);
+    const T* w0 = wh.data();
+    const T* w1 = w0 + d;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / tiles, t0 = (item % tiles) * MERGE_TOKENS;
+      const int64_t n = std::min(MERGE_TOKENS, length - t0);
+      T* dw0 = dw + item * 2 * d;
+      T* dw1 = dw0 + d;
+      std::fill(dw0, dw0 + 2 * d, T(0));
+      tile_to_tokens(y, b, t0, n, d, length, ys.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const T* zr = z.at(b, t0 + t, 0);
+        const T* g = dm.at(b, t0 + t, 0);
+        T* dzr = dz.at(b, t0 + t, 0);
+        const T* y0 = ys.data() + t * d;
+        const T* y1 = y0 + MERGE_TOKENS * d;
+        T* dy0 = dys.data() + t * d;
+        T* dy1 = dy0 + MERGE_TOKENS * d;
+        T* ez = es.data();
+        for (int64_t c0 = 0; c0 < d; c0 += cg) {
+          // pass 1: sums of squares, and sum_c dn h (dn = dm w / 2); ez holds exp(-z)
+          T r0 = 0, r1 = 0, m0 = 0, m1 = 0;
+#pragma omp simd reduction(+ : r0, r1, m0, m1)
+          for (int64_t c = c0; c < c0 + cg; ++c) {
+            const T e = exp_neg(zr[c]);
+            const T gate = zr[c] / (T(1) + e);
+            const T h0 = y0[c] * gate, h1 = y1[c] * gate;
+            r0 += h0 * h0;
+            r1 += h1 * h1;
+            m0 += w0[c] * g[c] * h0;
+            m1 += w1[c] * g[c] * h1;
+            ez[c] = e;
+          }
+          r0 = T(1) / std::sqrt(r0 / T(cg) + eps);
+          r1 = T(1) / std::sqrt(r1 / T(cg) + eps);
+          // mean_c(dn n) = rstd mean_c(dn h); kept as rstd^2 mean_c(dn h) for dh below
+          m0 = m0 / T(cg) * r0 * r0;
+          m1 = m1 / T(cg) * r1 * r1;
+          // pass 2: dh = (dn - n mean(dn n)) rstd = rstd dn - h rstd^2 mean(dn h)
 #pragma omp simd
-          for (int64_t t = 0; t < n; ++t) {
-            const T e = exp_neg(zr[t]);
-            const T gate = zr[t] / (T(1) + e);
-            const T h0 = y0[t] * gate, h1 = y1[t] * gate;
-            r0[t] += h0 * h0;
-            r1[t] += h1 * h1;
-            m0[t] += w0 * g[t] * h0;
-            m1[t] += w1 * g[t] * h1;
-            ez[t] = e;
-          }
-        }
-        for (int64_t t = 0; t < n; ++t) {
-          r0[t] = T(1) / std::sqrt(r0[t] / T(cg) + eps);
-          r1[t] = T(1) / std::sqrt(r1[t] / T(cg) + eps);
-          // mean_c(dn n) = rstd mean_c(dn h); stored as rstd^2 mean_c(dn h) for dh below
-          m0[t] = m0[t] / T(cg) * r0[t] * r0[t];
-          m1[t] = m1[t] / T(cg) * r1[t] * r1[t];
-        }
-        // pass 2: dh = (dn - n mean(dn n)) rstd = rstd dn - h rstd^2 mean(dn n) ...
-        for (int64_t c = c0; c < c0 + cg; ++c) {
-          const T* y0 = y + ((b * 2) * d + c) * length + t0;
-          const T* y1 = y + ((b * 2 + 1) * d + c) * length + t0;
-          T* dy0 = dy + ((b * 2) * d + c) * length + t0;
-          T* dy1 = dy + ((b * 2 + 1) * d + c) * length + t0;
-          const T* zr = zs.data() + (c - c0) * TILE;
-          const T* g = gs.data() + (c - c0) * TILE;
-          T* dzr = es.data() + (c - c0) * TILE;
-          const T w0 = T(0.5) * w[c], w1 = T(0.5) * w[d + c];
-          T a0 = 0, a1 = 0;
-#pragma omp simd reduction(+ : a0, a1)
-          for (int64_t t = 0; t < n; ++t) {
-            const T e = dzr[t];
+          for (int64_t c = c0; c < c0 + cg; ++c) {
+            const T e = ez[c];
             const T s = T(1) / (T(1) + e);
-            const T gate = zr[t] * s;
-            const T h0 = y0[t] * gate, h1 = y1[t] * gate;
-            const T dh0 = r0[t] * (w0 * g[t] - h0 * m0[t]);
-            const T dh1 = r1[t] * (w1 * g[t] - h1 * m1[t]);
-            a0 += h0 * r0[t] * g[t];
-            a1 += h1 * r1[t] * g[t];
-            dy0[t] = dh0 * gate;
-            dy1[t] = dh1 * gate;
-            const T dgate = dh0 * y0[t] + dh1 * y1[t];
-            dzr[t] = dgate * silu_grad(zr[t], e, s);
+            const T gate = zr[c] * s;
+            const T h0 = y0[c] * gate, h1 = y1[c] * gate;
+            const T dh0 = r0 * (w0[c] * g[c] - h0 * m0);
+            const T dh1 = r1 * (w1[c] * g[c] - h1 * m1);
+            dw0[c] += h0 * r0 * g[c];
+            dw1[c] += h1 * r1 * g[c];
+            dy0[c] = dh0 * gate;
+            dy1[c] = dh1 * gate;
+            const T dgate = dh0 * y0[c] + dh1 * y1[c];
+            dzr[c] = dgate * silu_grad(zr[c], e, s);
           }
-          dw[(b * 2) * d + c] += T(0.5) * a0;
-          dw[(b * 2 + 1) * d + c] += T(0.5) * a1;
         }
-        transpose_tiles(es.data(), TILE, dz.at(b, t0, c0), dz.token_stride, n, cg);
       }
+      for (int64_t c = 0; c < 2 * d; ++c) dw0[c] *= T(0.5);
+      tile_to_channels(dys.data(), b, t0, n, d, length, dy);
     }
   });
 }
@@ -662,7 +677,8 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
   check_tokens_like(dz, y, "native merge: dz");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   auto dy = at::empty_like(y);
-  auto dw = at::empty({batch, 2, d}, y.options());
+  const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
+  auto dw = at::empty({batch * tiles, 2, d}, y.options());
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_backward", [&] {
     merge_backward_kernel<scalar_t>(tokens<const scalar_t>(dm), y.data_ptr<scalar_t>(),
                                     tokens<const scalar_t>(z), weight.data_ptr<scalar_t>(),
