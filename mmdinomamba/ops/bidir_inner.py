@@ -21,6 +21,7 @@ from torch import Tensor
 from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
 from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
+from .variants import current_variant
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
@@ -142,10 +143,11 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
-                   dims: InnerDims, native: bool,
-                   out: Tensor | None = None) -> tuple[Tensor, list]:
+                   dims: InnerDims, native: bool, out: Tensor | None = None,
+                   keep_conv: bool = False) -> tuple[Tensor, list]:
     """Mixed output (b, L, d) in the compute dtype (written into ``out`` if that has it) and
-    what the backward pass needs."""
+    what the backward pass needs (``keep_conv``, with ``native``: the conv's output too, which
+    the backward pass recomputes otherwise)."""
     ct = torch.promote_types(proj.dtype, torch.float32)
     act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
     u, Bm, Cm = _split_conv(act, dims)
@@ -159,9 +161,10 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
         out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
     merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct), norm_weight, dims,
                   out, native)
-    # keep the scan's (b, R, g, r p, L) product and its small state; the conv is recomputed
+    # keep the scan's (b, R, g, r p, L) product and its small state, and the conv's output
+    # or nothing of it (recomputed)
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
-                 st.y_wide]
+                 st.y_wide, act if keep_conv and native else None]
 
 
 def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
@@ -208,10 +211,13 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     """Gradients of one batch slice: writes ``dproj`` (like ``proj``) and returns those of the
     parameters ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` (float, or None)."""
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
-    dt, *st = kept
+    dt, *st, act = kept
     st = ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
-    xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    if act is None:
+        xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
+    else:  # kept by the forward pass (native kernels: their backward reads the input)
+        xin, pre = _tokens(proj[..., d:d + c], ct), None
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u, native).flatten(2, 3)
     # the kernels write their parts of the gradient straight into it, in the compute dtype
@@ -250,9 +256,10 @@ class _BidirInner(torch.autograd.Function):
         out = proj.new_empty(*proj.shape[:2], dims.d_inner)
         slices, kept = _batch_slices(proj, dims), []
         native = _use_native(proj, dims)
+        keep_conv = not current_variant().recompute_conv_cpu
         for sl in slices:
             target = out[sl]
-            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, target)
+            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, target, keep_conv)
             if out_sl is not target:  # computed in another dtype
                 target.copy_(out_sl)
             kept += kept_sl

@@ -29,8 +29,8 @@ QUADRATIC_MAX_LEN = 512
 
 @dataclasses.dataclass(frozen=True)
 class FastPathVariant:
-    """The pieces of the bidirectional mixer's fast path (all but ``recompute_merge`` on by
-    default).
+    """The pieces of the bidirectional mixer's fast path (all but ``recompute_merge`` and
+    ``recompute_conv_cpu`` on by default).
 
     Attributes:
         single_scan (bool): both directions in one scan call (False: two calls).
@@ -53,6 +53,11 @@ class FastPathVariant:
             merge and the (L, L) work of the scan's strongly decaying heads in the native C++
             kernels (:mod:`.native_cpu`; False, or when they cannot be built:
             PyTorch ops).
+        recompute_conv_cpu (bool): CPU, quadratic form with ``native_cpu``: recompute both
+            directions' conv output in the backward pass instead of keeping it (off by
+            default: keeping it made the demo's DINO step and DinoVim-T's training step
+            faster for 2 (d + 2 g n) floats more per token and layer; docs/results.md); on
+            saves that memory.
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -62,6 +67,7 @@ class FastPathVariant:
     quadratic_max_len: int | None = None
     triangle_blocks: bool = True
     native_cpu: bool = True
+    recompute_conv_cpu: bool = False
 
 
 _current = FastPathVariant()

@@ -129,6 +129,35 @@ def test_keeps_less_for_backward_than_the_specification():
     assert saved[True] < 0.75 * saved[False], saved
 
 
+def _saved_bytes(m, x) -> int:
+    from torch.autograd.graph import saved_tensors_hooks
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        m(x)
+    return sum(storages.values())
+
+
+def test_kept_conv_output_gives_the_recomputed_results():
+    """The native path keeps both directions' conv output for the backward pass (default) or
+    recomputes it there (``recompute_conv_cpu``): the same bits, and the kept one costs exactly
+    its (b, 2, d + 2 g n, L) floats."""
+    m = _mixer(torch.float32, ngroups=2, dt_scale=50.0)  # strongly decaying heads too
+    x = torch.randn(3, 41, 32)
+    kept = _run(m, x, True)
+    with fast_path_variant(recompute_conv_cpu=True):
+        again = _run(m, x, True)
+        recomputing = _saved_bytes(m, x.requires_grad_())
+    for a, b in zip(kept, again):
+        assert torch.equal(a, b)
+    conv_dim = m.d_inner + 2 * m.ngroups * m.d_state
+    assert _saved_bytes(m, x) - recomputing == 3 * 2 * conv_dim * 41 * 4
+
+
 def test_long_sequences_take_the_chunked_scan():
     m = _mixer()
     x = torch.randn(1, 50, 32, dtype=torch.float64)

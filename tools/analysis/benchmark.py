@@ -85,6 +85,8 @@ FAST_PATH_SWITCHES = {
                        'blocks (off: full products)',
     'native_cpu': 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in the '
                   'native C++ kernels (off: PyTorch ops)',
+    'recompute_conv_cpu': 'CPU, native kernels: recompute the conv output in the backward pass '
+                          '(off: keep it; less memory when on, faster when off)',
 }
 
 
