@@ -163,7 +163,7 @@ def _merge_both(y, z, w, dm, dims):
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize('groups,length', [(1, 150), (2, 7), (4, 64), (1, 17)])
 def test_merge_equals_the_composition(dtype, tol, groups, length):
-    # 150 tokens: two full tiles of 64 and a partial one; z and dm token-major views into wider
+    # 150 tokens: nine full tiles of 16 and a partial one; z and dm token-major views into wider
     # tensors (as into the projection and its gradient), 40 channels: partial transpose tiles
     d = 40 if groups != 4 else 24
     dims = InnerDims(d_inner=d, ngroups=groups, d_state=4, headdim=4, kernel=4)
@@ -508,8 +508,8 @@ def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
 
 
-@pytest.mark.parametrize('length', [23, 130])
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length):
+@pytest.mark.parametrize('length,recompute', [(23, False), (130, False), (23, True)])
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # A = -1: every head factored (the next test has the others)
         m.A_log.zero_()
@@ -519,15 +519,16 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length):
                                   'merge_backward', 'scale_tokens', 'scan_output',
                                   'scan_backward_pointwise', 'column_products',
                                   'masked_outer'))
-    native = _grads(m, x)
-    # forward; conv and the scan's output recomputed in the backward pass; the (L, L)
-    # products but the group matrices' in PyTorch's batched GEMM at one token block (23
-    # tokens), natively at two (130)
+    with fast_path_variant(recompute_conv_cpu=recompute):
+        native = _grads(m, x)
+    # forward; the conv's output kept (or recomputed in the backward pass), the scan's output
+    # recomputed there; the (L, L) products but the group matrices' in PyTorch's batched GEMM
+    # at one token block (23 tokens), natively at two (130)
     blocks = length >= 128
     assert calls == ['conv_silu_forward', 'masked_outer', 'scale_tokens',
                      *['column_products'] * blocks, 'scan_output', 'merge_forward',
-                     'conv_silu_forward', 'scan_output', 'merge_backward', 'scale_tokens',
-                     'scale_tokens', *['column_products', 'masked_outer'] * blocks,
+                     *['conv_silu_forward'] * recompute, 'scan_output', 'merge_backward',
+                     'scale_tokens', 'scale_tokens', *['column_products', 'masked_outer'] * blocks,
                      'scan_backward_pointwise', *['column_products'] * (2 * blocks),
                      'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
