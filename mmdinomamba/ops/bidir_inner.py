@@ -5,8 +5,9 @@ directions' causal conv + SiLU (:mod:`.shift_conv`), both directions' SSD scan i
 quadratic form (:mod:`.ssd_quadratic`), each direction's gated RMSNorm and their average.
 Everything runs channel-major in the original token order (the backward direction is
 anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
-pass is written by hand: it keeps only the projection and recomputes the rest (the matrices of
-the scan are cheaper to rebuild than to keep).
+pass is written by hand: it keeps the projection, the scan's product and small state, and
+(with the native kernels, unless ``fast_path_variant(recompute_conv_cpu=True)``) the conv's
+output, and recomputes the rest (the matrices of the scan are cheaper to rebuild than to keep).
 
 The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
 :func:`~mmdinomamba.ops.ssd_scan` and :func:`~mmdinomamba.ops.bidir_gated_merge`

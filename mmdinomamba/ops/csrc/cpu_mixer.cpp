@@ -9,12 +9,12 @@
 // ssd_triangles.py, torch.nn.functional.rms_norm, Tensor.copy_ of a transposed view) are the
 // specification.
 //
-// Conv layout (that of shift_conv.py): a zero-padded channel-major input xp (b, C, L + 2 (K - 1)),
-// filters (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1
-// (the conv of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k].
-// The kernels read the token-major projection (b, L, C) and build xp block by block of channels
-// in cache; the backward pass writes the input gradient token-major the same way. Each direction
-// is one pass over its row; the backward pass recomputes the pre-activations instead of reading
+// Conv layout (that of shift_conv.py): a zero-padded input xp (L + 2 (K - 1) tokens), filters
+// (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1 (the conv
+// of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k]. The kernels
+// read the token-major projection (b, L, C) and work token-major, a block of 16 channels as one
+// vector, building the block's xp in cache; only the channel-major output (b, 2, C, L) and its
+// gradient are transposed. The backward pass recomputes the pre-activations instead of reading
 // them. The merge reads its gate and writes its output token-major too, so between the
 // projections only the merge without RMSNorm still copies whole tensors across layouts.
 #include <torch/extension.h>
