@@ -169,16 +169,20 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
 
 
 def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
-          dtype: torch.dtype, native: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+          dtype: torch.dtype, native: bool,
+          kept: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
     """The conv input, both directions' pre-activations (None from the native kernel, whose
     backward recomputes them) and their SiLU. The input is the padded channel-major ``xp`` of
     :func:`pad_channel_major` for the PyTorch ops, the token-major ``x`` part of the projection
-    itself (or its copy in ``dtype``) for the native kernel, which transposes block by block."""
+    itself (or its copy in ``dtype``) for the native kernel, which transposes block by block;
+    ``kept``: the native kernel's output as the forward pass kept it, returned instead of
+    computed again."""
     xbc = proj[..., dims.d_inner:dims.d_inner + dims.conv_dim]
     weight, bias = conv_weight.to(dtype), None if conv_bias is None else conv_bias.to(dtype)
     if native:
         xbc = _tokens(xbc, dtype)
-        return xbc, None, native_cpu.conv_silu_forward(xbc, weight, bias)
+        return xbc, None, kept if kept is not None else native_cpu.conv_silu_forward(
+            xbc, weight, bias)
     xp = pad_channel_major(xbc, dims.kernel, dtype)
     pre = bidir_conv_forward(xp, weight, bias)
     return xp, pre, F.silu(pre)
@@ -215,10 +219,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     dt, *st, act = kept
     st = ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
-    if act is None:
-        xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native)
-    else:  # kept by the forward pass (native kernels: their backward reads the input)
-        xin, pre = _tokens(proj[..., d:d + c], ct), None
+    xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native, act)
     u, Bm, Cm = _split_conv(act, dims)
     y = st.output(u, native).flatten(2, 3)
     # the kernels write their parts of the gradient straight into it, in the compute dtype

@@ -204,6 +204,12 @@ inline T exp_neg(T p) {
   return exp_inline(std::min(-p, T(80)));
 }
 
+// 1 / sqrt(mean + eps) of a sum of squares over n values: the RMSNorm scale.
+template <typename T>
+inline T inverse_rms(T sum_sq, int64_t n, T eps) {
+  return T(1) / std::sqrt(sum_sq / T(n) + eps);
+}
+
 // silu(p) = p / (1 + exp(-p)).
 template <typename T>
 inline T silu(T p) {
@@ -534,6 +540,8 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
   const std::vector<T> wh = half_weights(w, d);
   at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> ys(2 * MERGE_TOKENS * d), gate(d);
+    const T* w0 = wh.data();
+    const T* w1 = w0 + d;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / tiles, t0 = (item % tiles) * MERGE_TOKENS;
       const int64_t n = std::min(MERGE_TOKENS, length - t0);
@@ -554,10 +562,7 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
             s1 += h1 * h1;
             g[c] = gc;
           }
-          const T r0 = T(1) / std::sqrt(s0 / T(cg) + eps);
-          const T r1 = T(1) / std::sqrt(s1 / T(cg) + eps);
-          const T* w0 = wh.data();
-          const T* w1 = w0 + d;
+          const T r0 = inverse_rms(s0, cg, eps), r1 = inverse_rms(s1, cg, eps);
 #pragma omp simd
           for (int64_t c = c0; c < c0 + cg; ++c)
             o[c] = g[c] * (y0[c] * r0 * w0[c] + y1[c] * r1 * w1[c]);
@@ -611,8 +616,8 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
             m1 += w1[c] * g[c] * h1;
             ez[c] = e;
           }
-          r0 = T(1) / std::sqrt(r0 / T(cg) + eps);
-          r1 = T(1) / std::sqrt(r1 / T(cg) + eps);
+          r0 = inverse_rms(r0, cg, eps);
+          r1 = inverse_rms(r1, cg, eps);
           // mean_c(dn n) = rstd mean_c(dn h); kept as rstd^2 mean_c(dn h) for dh below
           m0 = m0 / T(cg) * r0 * r0;
           m1 = m1 / T(cg) * r1 * r1;
@@ -1285,7 +1290,7 @@ void rms_forward_kernel(const T* x, const T* w, T* y, T* rstd, int64_t rows, int
       T ss = 0;
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < c; ++i) ss += xr[i] * xr[i];
-      const T s = T(1) / std::sqrt(ss / T(c) + eps);
+      const T s = inverse_rms(ss, c, eps);
       rstd[r] = s;
       if (w != nullptr) {
 #pragma omp simd
