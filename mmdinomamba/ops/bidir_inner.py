@@ -116,23 +116,34 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, 
 
 
 def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims,
-                   dz: Tensor, native: bool = False) -> tuple[Tensor, Tensor | None]:
+                   dz: Tensor, native: bool = False,
+                   out: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Gradients of :func:`merge_forward` for the token-major ``dm`` (b, L, d): writes ``dz``
     into the token-major ``dz`` (b, L, d) (e.g. a view into the projection's gradient) and
-    returns ``dy`` (b, 2, d, L) and ``dweight`` (2, d) or None."""
-    if weight is not None and native and native_cpu.tokens_fit(y.dtype, dm, z, dz):
+    returns ``dy`` (b, 2, d, L) and ``dweight`` (2, d) or None; with ``out`` (b, L, d) in
+    ``y``'s dtype, also writes :func:`merge_forward`'s output into it again (the native kernel
+    from the values the gradients use, in the same pass)."""
+    outs = [] if out is None else [out]
+    if weight is not None and native and native_cpu.tokens_fit(y.dtype, dm, z, dz, *outs):
         dy, dweight = native_cpu.merge_backward(dm, y, z, weight.to(y.dtype), dims.ngroups,
-                                                dims.eps, dz)
+                                                dims.eps, dz, out)
         return dy, dweight.to(weight.dtype)
     dmc, zc = _channel_major(dm, y.dtype, native), _channel_major(z, y.dtype, native)
     gate = F.silu(zc)
     if weight is None:
         half = dmc * gate * 0.5
-        dgate = (y[:, 0] + y[:, 1]).mul_(dmc).mul_(0.5)
+        ysum = y[:, 0] + y[:, 1]
+        if out is not None:
+            torch.mul(ysum, gate, out=out.transpose(1, 2)).mul_(0.5)
+        dgate = ysum.mul_(dmc).mul_(0.5)
         native_cpu.transpose_into(dz, torch.ops.aten.silu_backward(dgate, zc), native)
         return half.unsqueeze(1).expand_as(y), None
     n, rstd = _norms(y, gate, dims.ngroups, dims.eps)
     nf = n.flatten(2, 3)
+    if out is not None:
+        w = weight.to(y.dtype).mul(0.5)
+        torch.mul(nf[:, 0], w[0, :, None], out=out.transpose(1, 2))
+        out.transpose(1, 2).addcmul_(nf[:, 1], w[1, :, None])
     dweight = (nf * dmc.unsqueeze(1)).sum((0, 3)).mul_(0.5)
     dn = dmc.unsqueeze(1) * weight.to(y.dtype).mul(0.5)[..., None]  # (b, 2, d, L)
     dng = dn.unflatten(2, (dims.ngroups, -1))
@@ -212,9 +223,11 @@ def _use_native(proj: Tensor, dims: InnerDims) -> bool:
 
 
 def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: InnerDims,
-                    dproj: Tensor, native: bool) -> list:
+                    dproj: Tensor, native: bool, mixed: Tensor | None = None) -> list:
     """Gradients of one batch slice: writes ``dproj`` (like ``proj``) and returns those of the
-    parameters ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` (float, or None)."""
+    parameters ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` (float, or None);
+    ``mixed`` (b, L, d) in the compute dtype: the forward pass's output written into it again
+    (for the output projection's weight gradient)."""
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
     dt, *st, act = kept
     st = ScanState(*st)
@@ -225,7 +238,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
     dy, dnorm = merge_backward(_tokens(dout, ct), y, _tokens(proj[..., :d], ct), norm_weight,
-                               dims, grad[..., :d], native)
+                               dims, grad[..., :d], native, mixed)
     du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
                                             A.to(ct), Bm, Cm, st, True, native)
     dweight, dbias = _conv_backward([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], xin,
@@ -253,7 +266,8 @@ class _BidirInner(torch.autograd.Function):
     """:func:`bidir_ssd_inner` with a hand-written backward pass, slice by slice of the batch."""
 
     @staticmethod
-    def forward(ctx, proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, dims):
+    def forward(ctx, proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, out_weight,
+                out_bias, dims):
         params = [conv_weight, conv_bias, dt_bias, A, D, norm_weight]
         out = proj.new_empty(*proj.shape[:2], dims.d_inner)
         slices, kept = _batch_slices(proj, dims), []
@@ -265,26 +279,37 @@ class _BidirInner(torch.autograd.Function):
             if out_sl is not target:  # computed in another dtype
                 target.copy_(out_sl)
             kept += kept_sl
-        if any(ctx.needs_input_grad):
-            ctx.save_for_backward(proj, *params, *kept)
+        if any(ctx.needs_input_grad):  # not the mixed output: the backward pass rebuilds it
+            ctx.save_for_backward(proj, *params, out_weight, *kept)
         ctx.dims, ctx.slices, ctx.native = dims, slices, native
-        return out
+        ctx.out_bias = out_bias is not None
+        return out if out_weight is None else F.linear(out, out_weight, out_bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
+    def backward(ctx, dres):
         saved = ctx.saved_tensors  # once: checkpointing unpacks each saved tensor only once
-        proj, params, kept = saved[0], saved[1:7], saved[7:]
+        proj, params, out_weight, kept = saved[0], saved[1:7], saved[7], saved[8:]
         per = len(kept) // len(ctx.slices)
         dproj, total = torch.empty_like(proj), None
         with torch.autocast(device_type=proj.device.type, enabled=False):
+            dout, mixed = dres, None
+            if out_weight is not None:  # through the output projection
+                dout = torch.matmul(dres, out_weight)
+                mixed = dout.new_empty(dout.shape, dtype=kept[0].dtype)
             for i, sl in enumerate(ctx.slices):
                 grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
-                                        ctx.dims, dproj[sl], ctx.native)
+                                        ctx.dims, dproj[sl], ctx.native,
+                                        None if mixed is None else mixed[sl])
                 total = grads if total is None else [
                     None if t is None else t + g for t, g in zip(total, grads)]
+            dw_out = db_out = None
+            if out_weight is not None:
+                flat = dres.reshape(-1, dres.shape[-1])
+                dw_out = flat.t().matmul(mixed.view(-1, mixed.shape[-1]).to(flat.dtype))
+                db_out = flat.sum(0) if ctx.out_bias else None
         return (dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],
-                None)
+                dw_out, db_out, None)
 
 
 @native_cpu.register_self_check
@@ -324,7 +349,8 @@ def _native_self_check() -> str | None:
 
 def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
                     dt_bias: Tensor, A: Tensor, D: Tensor, norm_weight: Tensor | None,
-                    dims: InnerDims) -> Tensor:
+                    dims: InnerDims, out_weight: Tensor | None = None,
+                    out_bias: Tensor | None = None) -> Tensor:
     """Both directions of a bidirectional Mamba-2 mixer between its two projections.
 
     With ``proj = [z, x, B, C, dt]`` (channel sizes ``d, d, g n, g n, h``), direction ``k``
@@ -343,13 +369,29 @@ def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
         D (Tensor): (2, h) skip weights.
         norm_weight (Tensor | None): (2, d) RMSNorm scales, or None (no norm).
         dims (InnerDims): the mixer's sizes.
+        out_weight (Tensor | None): (E, d) weight of the output projection applied to the
+            result (``F.linear(result, out_weight, out_bias)``), or None (no projection). With
+            it the backward pass rebuilds the result for the weight's gradient instead of
+            keeping it (the native merge kernel writes it in the pass that computes the
+            merge's gradients). Needs ``proj``'s dtype, float32 or float64.
+        out_bias (Tensor | None): (E,) its bias, or None.
 
     Returns:
-        Tensor: (b, L, d) in the dtype of ``proj`` (float16 / bfloat16 computed in float32).
+        Tensor: (b, L, d) in the dtype of ``proj`` (float16 / bfloat16 computed in float32), or
+        (b, L, E) with ``out_weight``.
     """
     width = 2 * dims.d_inner + 2 * dims.ngroups * dims.d_state + dims.nheads
     if proj.dim() != 3 or proj.shape[-1] != width:
         raise ValueError(f'bidir_ssd_inner: proj must be (b, L, {width}), got '
                          f'{tuple(proj.shape)}')
+    if out_weight is not None and (proj.dtype not in (torch.float32, torch.float64)
+                                   or out_weight.dtype != proj.dtype
+                                   or out_weight.shape[-1] != dims.d_inner):
+        raise ValueError(f'bidir_ssd_inner: out_weight must be (E, {dims.d_inner}) in the dtype '
+                         f'of proj (float32 or float64), got {tuple(out_weight.shape)} '
+                         f'{out_weight.dtype} for proj {proj.dtype}')
+    if out_bias is not None and out_weight is None:
+        raise ValueError('bidir_ssd_inner: out_bias needs out_weight')
     with torch.autocast(device_type=proj.device.type, enabled=False):
-        return _BidirInner.apply(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, dims)
+        return _BidirInner.apply(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
+                                 out_weight, out_bias, dims)

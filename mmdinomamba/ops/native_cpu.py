@@ -227,11 +227,13 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,
 
 
 def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,
-                   dz: Tensor) -> tuple[Tensor, Tensor]:
+                   dz: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Gradients of :func:`merge_forward` for the token-major ``dm`` (b, L, d): writes ``dz``
     into the token-major ``dz`` (b, L, d) and returns ``dy`` (b, 2, d, L) and ``dweight``
-    (2, d)."""
-    dy, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps, dz)
+    (2, d); with ``out`` (token-major like ``dz``), writes :func:`merge_forward`'s output into
+    it too, from the values the gradients are computed from (to rounding, the forward pass's
+    result)."""
+    dy, dweight = _module().merge_backward(dm, y, z, weight.contiguous(), groups, eps, dz, out)
     return dy, dweight
 
 

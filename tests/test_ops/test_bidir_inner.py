@@ -150,6 +150,67 @@ def test_kept_conv_output_gives_the_recomputed_results():
     assert _saved_bytes(m, x) - recomputing == 3 * 2 * conv_dim * 41 * 4
 
 
+@pytest.mark.parametrize('native', [True, False])
+@pytest.mark.parametrize('kw,bias', [(dict(), True), (dict(rmsnorm=False), False),
+                                     (dict(ngroups=2, dt_scale=50.0), True)])
+def test_output_projection_inside_equals_it_outside(kw, bias, native, monkeypatch):
+    """``bidir_ssd_inner(..., out_weight, out_bias)`` == ``F.linear`` of its result: output and
+    every gradient (the backward pass rebuilds the projection's input)."""
+    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
+    m = _mixer(**kw)
+    gen = torch.Generator().manual_seed(2)
+    proj = torch.randn(5, 41, m.in_proj.out_features, dtype=torch.float64, generator=gen)
+    weight = torch.randn(24, m.d_inner, dtype=torch.float64, generator=gen)
+    leaves = [proj, weight, torch.randn(24, dtype=torch.float64, generator=gen) if bias else None]
+    dres = torch.randn(5, 41, 24, dtype=torch.float64, generator=gen)
+    results = []
+    with fast_path_variant(native_cpu=native):
+        for inside in (True, False):
+            inputs = [None if t is None else t.detach().requires_grad_() for t in leaves]
+            p, w, b = inputs
+            params = [*m._conv_params(), torch.stack([m.dt_bias, m.dt_b_bias]),
+                      -torch.exp(torch.stack([m.A_log, m.A_log_b])), torch.stack([m.D, m.D_b]),
+                      torch.stack([m.norm.weight, m.norm_b.weight]) if m.rmsnorm else None]
+            if inside:
+                out = bidir_ssd_inner(p, *params, m.dims, out_weight=w, out_bias=b)
+            else:
+                out = F.linear(bidir_ssd_inner(p, *params, m.dims), w, b)
+            grads = torch.autograd.grad(out, [t for t in inputs if t is not None] + [
+                t for t in m.parameters() if t.requires_grad], dres, allow_unused=True)
+            results.append([out, *grads])
+    for i, (a, b) in enumerate(zip(*results)):
+        if b is None:
+            assert a is None
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=f'result {i}')
+
+
+def test_output_projection_input_is_rebuilt_not_kept():
+    """BiSSD's CPU fast path runs ``out_proj`` inside the autograd function, which then keeps
+    nothing of its (b, L, d_inner) input; with a hook on ``out_proj`` (or under autocast) the
+    module runs outside, as written, and its input is kept."""
+    m = _mixer(torch.float32, embed_dims=64, d_state=16, headdim=16)
+    x = torch.randn(4, 65, 64, requires_grad=True)
+    inside = _saved_bytes(m, x)
+    calls = []
+    m.out_proj.register_forward_hook(lambda *args: calls.append(1))
+    outside = _saved_bytes(m, x)
+    assert calls == [1]
+    assert outside - inside == 4 * 65 * m.d_inner * 4
+
+
+def test_bad_output_projection_is_named():
+    m = _mixer(torch.float32)
+    args = [torch.randn(1, 5, 152), *m._conv_params(), torch.zeros(2, 8), -torch.ones(2, 8),
+            torch.ones(2, 8), None, m.dims]
+    with pytest.raises(ValueError, match=r'out_weight must be \(E, 64\) in the dtype of proj'):
+        bidir_ssd_inner(*args, out_weight=torch.randn(32, 63))
+    with pytest.raises(ValueError, match=r'out_weight must be .* got \(32, 64\) torch.float64'):
+        bidir_ssd_inner(*args, out_weight=torch.randn(32, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match='out_bias needs out_weight'):
+        bidir_ssd_inner(*args, out_bias=torch.randn(32))
+
+
 def test_long_sequences_take_the_chunked_scan():
     m = _mixer()
     x = torch.randn(1, 50, 32, dtype=torch.float64)

@@ -148,15 +148,15 @@ def test_scan_factors_bad_input_is_named():
 
 
 def _merge_both(y, z, w, dm, dims):
-    """Output, dy, dz, dweight of the merge with the native kernel and with the PyTorch ops
-    (token-major z, dm, output and dz)."""
+    """Output, dy, dz, dweight and the output as the backward pass rebuilds it, of the merge
+    with the native kernel and with the PyTorch ops (token-major z, dm, outputs and dz)."""
     results = []
     for native in (True, False):
-        out = torch.full(dm.shape, float('nan'), dtype=y.dtype)
-        dz = torch.full(dm.shape, float('nan'), dtype=y.dtype)
+        out, dz, again = (torch.full(dm.shape, float('nan'), dtype=y.dtype) for _ in range(3))
         bidir_inner.merge_forward(y, z, w, dims, out, native=native)
-        dy, dweight = bidir_inner.merge_backward(dm, y, z, w, dims, dz, native=native)
-        results.append([out, dy, dz, dweight])
+        dy, dweight = bidir_inner.merge_backward(dm, y, z, w, dims, dz, native=native,
+                                                 out=again)
+        results.append([out, dy, dz, dweight, again])
     return results
 
 
@@ -172,8 +172,10 @@ def test_merge_equals_the_composition(dtype, tol, groups, length):
     w = torch.randn(2, d, dtype=dtype)
     dm = torch.randn(3, length, 2 * d, dtype=dtype)[..., ::2].contiguous()
     got, want = _merge_both(y, z, w, dm, dims)
-    for name, g, r in zip(['out', 'dy', 'dz', 'dweight'], got, want):
+    for name, g, r in zip(['out', 'dy', 'dz', 'dweight', 'out rebuilt'], got, want):
         torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
+    # the backward pass rebuilds the output the forward pass gave, to rounding
+    torch.testing.assert_close(got[4], got[0], rtol=tol, atol=tol * got[0].abs().max().item())
 
 
 def test_merge_writes_into_views_of_the_projections():
@@ -187,9 +189,11 @@ def test_merge_writes_into_views_of_the_projections():
     bidir_inner.merge_forward(y, z, w, dims, want, native=False)
     torch.testing.assert_close(buf[..., 10:42], want, rtol=1e-5, atol=1e-5)
     assert (buf[..., :10] == 0).all() and (buf[..., 42:] == 0).all()
-    grad = torch.zeros(2, 70, 50)
-    native_cpu.merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35])
+    grad, again = torch.zeros(2, 70, 50), torch.zeros(2, 70, 40)
+    native_cpu.merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35], again[..., 4:36])
     assert (grad[..., :3] == 0).all() and (grad[..., 35:] == 0).all()
+    torch.testing.assert_close(again[..., 4:36], want, rtol=1e-5, atol=1e-5)
+    assert (again[..., :4] == 0).all() and (again[..., 36:] == 0).all()
 
 
 def test_merge_with_saturated_gates_stays_finite():
@@ -216,6 +220,9 @@ def test_merge_bad_input_is_named():
         native_cpu.merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out)
     with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, C\)'):
         native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2])
+    with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\) = \(2, 5, 8\)'):
+        native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out,
+                                  torch.empty(2, 5, 7))
 
 
 def _wide_inputs(dtype, heads=5, length=37, mats=4, seed=0):

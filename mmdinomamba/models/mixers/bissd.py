@@ -190,7 +190,7 @@ class BiSSD(BiSSDMatrices, BaseModule):
             if _triton.on_kernel_device(proj):
                 return self._forward_kernels(proj)
             if self.backend != 'triton' and self._quadratic_pays(proj):
-                return self.out_proj(self._inner(proj))
+                return self._inner(proj)
         z, xBC, dt = self._split(proj)
         return self._merge_out(self._scan(*self._scan_inputs(xBC, dt)).flatten(2), z)
 
@@ -206,12 +206,23 @@ class BiSSD(BiSSDMatrices, BaseModule):
             return use_quadratic_form(dt, A, self.headdim, self.d_state)
 
     def _inner(self, proj: Tensor) -> Tensor:
-        """CPU fast path: :func:`~mmdinomamba.ops.bidir_ssd_inner` of the projection."""
+        """CPU fast path: ``out_proj`` of :func:`~mmdinomamba.ops.bidir_ssd_inner` of the
+        projection, the projection inside that function where it can be (a plain ``nn.Linear``
+        without hooks, no autocast, one dtype), so that its input is rebuilt in the backward
+        pass instead of kept."""
         norm = torch.stack([self.norm.weight, self.norm_b.weight]) if self.rmsnorm else None
-        return bidir_ssd_inner(proj, *self._conv_params(),
-                               torch.stack([self.dt_bias, self.dt_b_bias]),
-                               -torch.exp(torch.stack([self.A_log, self.A_log_b])),
-                               torch.stack([self.D, self.D_b]), norm, self.dims)
+        weight, linear = self.out_proj.weight, self.out_proj
+        # a plain nn.Linear without hooks: what runs inside is exactly what out_proj would run
+        inside = (type(linear) is nn.Linear and not linear._forward_hooks
+                  and not linear._forward_pre_hooks and not torch.is_autocast_enabled(
+                      proj.device.type) and proj.dtype == weight.dtype
+                  and proj.dtype in (torch.float32, torch.float64))
+        mixed = bidir_ssd_inner(proj, *self._conv_params(),
+                                torch.stack([self.dt_bias, self.dt_b_bias]),
+                                -torch.exp(torch.stack([self.A_log, self.A_log_b])),
+                                torch.stack([self.D, self.D_b]), norm, self.dims,
+                                *((weight, self.out_proj.bias) if inside else ()))
+        return mixed if inside else self.out_proj(mixed)
 
     def _forward_kernels(self, proj: Tensor) -> Tensor:
         """CUDA fast path (the pieces as chosen by :func:`~mmdinomamba.ops.fast_path_variant`)."""

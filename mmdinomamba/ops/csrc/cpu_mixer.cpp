@@ -573,11 +573,13 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
 }
 
 // Gradients for dm: dy (b, 2, d, L), dz (token-major) and the weight's gradient of every tile
-// dw (b * tiles, 2, d) (summed by the caller: a fixed split, whatever the thread count).
-template <typename T>
+// dw (b * tiles, 2, d) (summed by the caller: a fixed split, whatever the thread count); with
+// Out (out.data set), the forward pass's output again (token-major), from the values the
+// gradients use.
+template <bool Out, typename T>
 void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, const T* w,
-                           T* dy, Tokens<T> dz, T* dw, int64_t batch, int64_t d, int64_t length,
-                           int64_t groups, T eps) {
+                           T* dy, Tokens<T> dz, T* dw, Tokens<T> out, int64_t batch, int64_t d,
+                           int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
   const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
   const std::vector<T> wh = half_weights(w, d);
@@ -597,6 +599,7 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
         const T* zr = z.at(b, t0 + t, 0);
         const T* g = dm.at(b, t0 + t, 0);
         T* dzr = dz.at(b, t0 + t, 0);
+        T* o = Out ? out.at(b, t0 + t, 0) : nullptr;
         const T* y0 = ys.data() + t * d;
         const T* y1 = y0 + MERGE_TOKENS * d;
         T* dy0 = dys.data() + t * d;
@@ -632,6 +635,7 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
             const T dh1 = r1 * (w1[c] * g[c] - h1 * m1);
             dw0[c] += h0 * r0 * g[c];
             dw1[c] += h1 * r1 * g[c];
+            if constexpr (Out) o[c] = h0 * r0 * w0[c] + h1 * r1 * w1[c];
             dy0[c] = dh0 * gate;
             dy1[c] = dh1 * gate;
             const T dgate = dh0 * y0[c] + dh1 * y1[c];
@@ -676,20 +680,23 @@ void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w
 
 std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y,
                                        const at::Tensor& z, const at::Tensor& weight,
-                                       int64_t groups, double eps, at::Tensor& dz) {
+                                       int64_t groups, double eps, at::Tensor& dz,
+                                       std::optional<at::Tensor> out) {
   check_merge(y, z, weight, groups);
   check_tokens_like(dm, y, "native merge: dm");
   check_tokens_like(dz, y, "native merge: dz");
+  if (out) check_tokens_like(*out, y, "native merge: out");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   auto dy = at::empty_like(y);
   const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
   auto dw = at::empty({batch * tiles, 2, d}, y.options());
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_backward", [&] {
-    merge_backward_kernel<scalar_t>(tokens<const scalar_t>(dm), y.data_ptr<scalar_t>(),
-                                    tokens<const scalar_t>(z), weight.data_ptr<scalar_t>(),
-                                    dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
-                                    dw.data_ptr<scalar_t>(), batch, d, length, groups,
-                                    static_cast<scalar_t>(eps));
+    auto kernel = out ? merge_backward_kernel<true, scalar_t>
+                      : merge_backward_kernel<false, scalar_t>;
+    kernel(tokens<const scalar_t>(dm), y.data_ptr<scalar_t>(), tokens<const scalar_t>(z),
+           weight.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
+           dw.data_ptr<scalar_t>(), out ? tokens<scalar_t>(*out) : Tokens<scalar_t>{}, batch, d,
+           length, groups, static_cast<scalar_t>(eps));
   });
   return {dy, dw.sum(0)};
 }
@@ -1453,8 +1460,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2 of y (b, 2, d, L) and the "
         "token-major z (b, L, d), written into the token-major out (b, L, d)");
   m.def("merge_backward", &merge_backward,
-        "gradients of merge_forward for the token-major dm (b, L, d): writes dz (b, L, d), "
-        "returns [dy (b, 2, d, L), dweight (2, d)]");
+        "gradients of merge_forward for the token-major dm (b, L, d): writes dz (b, L, d) "
+        "(and, if given, merge_forward's output again into out), returns [dy (b, 2, d, L), "
+        "dweight (2, d)]");
   m.def("wide_weights", &wide_weights,
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
