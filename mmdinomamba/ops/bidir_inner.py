@@ -1,13 +1,15 @@
 """The inside of a bidirectional Mamba-2 mixer on CPU, as one autograd function.
 
-From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj``: both
-directions' causal conv + SiLU (:mod:`.shift_conv`), both directions' SSD scan in the
-quadratic form (:mod:`.ssd_quadratic`), each direction's gated RMSNorm and their average.
+From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj`` (or, given its
+weight, to its output): both directions' causal conv + SiLU (:mod:`.shift_conv`), both
+directions' SSD scan in the quadratic form (:mod:`.ssd_quadratic`), each direction's gated
+RMSNorm and their average.
 Everything runs channel-major in the original token order (the backward direction is
 anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
 pass is written by hand: it keeps the projection, the scan's product and small state, and
 (with the native kernels, unless ``fast_path_variant(recompute_conv_cpu=True)``) the conv's
-output, and recomputes the rest (the matrices of the scan are cheaper to rebuild than to keep).
+output, and recomputes the rest (the scan's per-head matrices are cheaper to rebuild than to
+keep; with ``out_proj`` inside, the merged output is rebuilt by the merge's backward pass).
 
 The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
 :func:`~mmdinomamba.ops.ssd_scan` and :func:`~mmdinomamba.ops.bidir_gated_merge`
