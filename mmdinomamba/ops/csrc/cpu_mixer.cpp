@@ -635,7 +635,8 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
             const T dh1 = r1 * (w1[c] * g[c] - h1 * m1);
             dw0[c] += h0 * r0 * g[c];
             dw1[c] += h1 * r1 * g[c];
-            if constexpr (Out) o[c] = h0 * r0 * w0[c] + h1 * r1 * w1[c];
+            if constexpr (Out)  // merge_forward_kernel's expression: the same bits
+              o[c] = (zr[c] / (T(1) + e)) * (y0[c] * r0 * w0[c] + y1[c] * r1 * w1[c]);
             dy0[c] = dh0 * gate;
             dy1[c] = dh1 * gate;
             const T dgate = dh0 * y0[c] + dh1 * y1[c];
