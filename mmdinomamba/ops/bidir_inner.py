@@ -387,7 +387,7 @@ def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
         raise ValueError(f'bidir_ssd_inner: proj must be (b, L, {width}), got '
                          f'{tuple(proj.shape)}')
     if out_weight is not None and (proj.dtype not in (torch.float32, torch.float64)
-                                   or out_weight.dtype != proj.dtype
+                                   or out_weight.dtype != proj.dtype or out_weight.dim() != 2
                                    or out_weight.shape[-1] != dims.d_inner):
         raise ValueError(f'bidir_ssd_inner: out_weight must be (E, {dims.d_inner}) in the dtype '
                          f'of proj (float32 or float64), got {tuple(out_weight.shape)} '

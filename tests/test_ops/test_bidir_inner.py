@@ -193,10 +193,18 @@ def test_output_projection_input_is_rebuilt_not_kept():
     x = torch.randn(4, 65, 64, requires_grad=True)
     inside = _saved_bytes(m, x)
     calls = []
-    m.out_proj.register_forward_hook(lambda *args: calls.append(1))
+    hook = m.out_proj.register_forward_hook(lambda *args: calls.append(1))
     outside = _saved_bytes(m, x)
     assert calls == [1]
     assert outside - inside == 4 * 65 * m.d_inner * 4
+    hook.remove()
+    # a backward hook (on the module or global) is called too: out_proj runs outside
+    grads = []
+    with torch.nn.modules.module.register_module_full_backward_hook(
+            lambda mod, gi, go: grads.append(type(mod).__name__)):
+        m(x).sum().backward()
+    assert 'Linear' in grads
+    assert _saved_bytes(m, x) == inside
 
 
 def test_bad_output_projection_is_named():

@@ -52,6 +52,18 @@ def _dt_bias_init(nheads: int, dt_min: float, dt_max: float, floor: float) -> Te
     return dt + torch.log(-torch.expm1(-dt))
 
 
+_HOOKS = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks')
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """Whether calling ``module`` only runs ``F.linear(x, weight, bias)``: an ``nn.Linear``
+    itself (not a subclass, e.g. a parametrized one) with no hooks of its own and no global
+    module hooks, so that running that function in its place skips nothing."""
+    glob = torch.nn.modules.module
+    return type(module) is nn.Linear and not any(
+        getattr(module, h, None) or getattr(glob, '_global' + h, None) for h in _HOOKS)
+
+
 @MODELS.register_module()
 class BiSSD(BiSSDMatrices, BaseModule):
     """Bidirectional Mamba-2 mixer: ``out_proj((norm(y_fwd, z) + norm_b(y_bwd, z)) / 2)``.
@@ -211,12 +223,9 @@ class BiSSD(BiSSDMatrices, BaseModule):
         without hooks, no autocast, one dtype), so that its input is rebuilt in the backward
         pass instead of kept."""
         norm = torch.stack([self.norm.weight, self.norm_b.weight]) if self.rmsnorm else None
-        weight, linear = self.out_proj.weight, self.out_proj
-        # a plain nn.Linear without hooks: what runs inside is exactly what out_proj would run
-        inside = (type(linear) is nn.Linear and not linear._forward_hooks
-                  and not linear._forward_pre_hooks and not torch.is_autocast_enabled(
-                      proj.device.type) and proj.dtype == weight.dtype
-                  and proj.dtype in (torch.float32, torch.float64))
+        weight = self.out_proj.weight
+        inside = (_plain_linear(self.out_proj) and not torch.is_autocast_enabled(proj.device.type)
+                  and proj.dtype == weight.dtype and proj.dtype in (torch.float32, torch.float64))
         mixed = bidir_ssd_inner(proj, *self._conv_params(),
                                 torch.stack([self.dt_bias, self.dt_b_bias]),
                                 -torch.exp(torch.stack([self.A_log, self.A_log_b])),
