@@ -97,6 +97,14 @@ def _norms(y: Tensor, gate: Tensor, groups: int, eps: float) -> tuple[Tensor, Te
     return h.mul_(rstd), rstd
 
 
+def _average_into(oc: Tensor, n: Tensor, half: Tensor) -> None:
+    """``oc = n_f w_f / 2 + n_b w_b / 2``: the weighted average of both directions' normalized
+    values ``n`` (b, 2, d, L) with the halved weights ``half`` (2, d), into the channel-major
+    ``oc`` (b, d, L) (a transposed view of the token-major output)."""
+    torch.mul(n[:, 0], half[0, :, None], out=oc)
+    oc.addcmul_(n[:, 1], half[1, :, None])
+
+
 def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, out: Tensor,
                   native: bool = False) -> Tensor:
     """``(norm(y_f) w_f + norm(y_b) w_b) / 2`` (or ``(y_f + y_b) / 2 * gate`` without weight),
@@ -111,9 +119,7 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor | None, dims: InnerDims, 
         torch.add(y[:, 0], y[:, 1], out=oc).mul_(F.silu(zc)).mul_(0.5)
         return out
     n = _norms(y, F.silu(zc), dims.ngroups, dims.eps)[0].flatten(2, 3)
-    w = weight.to(y.dtype).mul(0.5)
-    torch.mul(n[:, 0], w[0, :, None], out=oc)
-    oc.addcmul_(n[:, 1], w[1, :, None])
+    _average_into(oc, n, weight.to(y.dtype).mul(0.5))
     return out
 
 
@@ -141,13 +147,11 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims
         native_cpu.transpose_into(dz, torch.ops.aten.silu_backward(dgate, zc), native)
         return half.unsqueeze(1).expand_as(y), None
     n, rstd = _norms(y, gate, dims.ngroups, dims.eps)
-    nf = n.flatten(2, 3)
+    nf, half_w = n.flatten(2, 3), weight.to(y.dtype).mul(0.5)
     if out is not None:
-        w = weight.to(y.dtype).mul(0.5)
-        torch.mul(nf[:, 0], w[0, :, None], out=out.transpose(1, 2))
-        out.transpose(1, 2).addcmul_(nf[:, 1], w[1, :, None])
+        _average_into(out.transpose(1, 2), nf, half_w)
     dweight = (nf * dmc.unsqueeze(1)).sum((0, 3)).mul_(0.5)
-    dn = dmc.unsqueeze(1) * weight.to(y.dtype).mul(0.5)[..., None]  # (b, 2, d, L)
+    dn = dmc.unsqueeze(1) * half_w[..., None]  # (b, 2, d, L)
     dng = dn.unflatten(2, (dims.ngroups, -1))
     mean = (dng * n).mean(-2, keepdim=True)
     dh = dng.addcmul_(n, mean, value=-1).mul_(rstd).flatten(2, 3)
@@ -298,7 +302,7 @@ class _BidirInner(torch.autograd.Function):
             dout, mixed = dres, None
             if out_weight is not None:  # through the output projection
                 dout = torch.matmul(dres, out_weight)
-                mixed = dout.new_empty(dout.shape, dtype=kept[0].dtype)
+                mixed = torch.empty(dout.shape, dtype=dout.dtype)  # proj's dtype (checked)
             for i, sl in enumerate(ctx.slices):
                 grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
                                         ctx.dims, dproj[sl], ctx.native,
@@ -308,7 +312,7 @@ class _BidirInner(torch.autograd.Function):
             dw_out = db_out = None
             if out_weight is not None:
                 flat = dres.reshape(-1, dres.shape[-1])
-                dw_out = flat.t().matmul(mixed.view(-1, mixed.shape[-1]).to(flat.dtype))
+                dw_out = flat.t().matmul(mixed.view(-1, mixed.shape[-1]))
                 db_out = flat.sum(0) if ctx.out_bias else None
         return (dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],
                 dw_out, db_out, None)
