@@ -51,7 +51,8 @@ __all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
            'column_products', 'masked_outer', 'rms_norm_forward', 'rms_norm_backward',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
-           'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors']
+           'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors',
+           'chunk_scan_forward', 'chunk_scan_backward']
 
 ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
 SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
@@ -361,3 +362,24 @@ def scan_backward_pointwise(dxs: Tensor, x: Tensor, dy: Tensor, dys: Tensor, ys:
     dxs_x, dys_ys, dy_x = _module().scan_backward_pointwise(dxs, x, dy, dys, ys, s.contiguous(),
                                                            diag.contiguous())
     return dxs_x, dys_ys, dy_x
+
+
+def chunk_scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+                       chunk: int, keep_states: bool) -> tuple[Tensor, list[Tensor]]:
+    """The chunked SSD scan (:func:`~mmdinomamba.ops.ssd_scan_chunked`'s arguments, contiguous,
+    one float dtype) in chunks of ``chunk`` tokens: ``y`` (b, L, h, p) and, with
+    ``keep_states``, the states entering the chunks that :func:`chunk_scan_backward` reads, in
+    pieces of consecutive chunks (b, chunks of the piece, g, n, r*p) of at most 16 MiB each
+    (else an empty list)."""
+    y, states = _module().chunk_scan_forward(x, dt, A, B, C, D, chunk, keep_states)
+    return y, states
+
+
+def chunk_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                        D: Tensor | None, states: Sequence[Tensor],
+                        chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`chunk_scan_forward` for the contiguous ``dy``: ``dx``, ``ddt``,
+    ``dA``, ``dB``, ``dC`` and ``dD`` (zeros without ``D``)."""
+    dx, ddt, dA, dB, dC, dD = _module().chunk_scan_backward(dy, x, dt, A, B, C, D, list(states),
+                                                            chunk)
+    return dx, ddt, dA, dB, dC, dD

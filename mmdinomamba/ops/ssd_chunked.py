@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import native_cpu
 from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, factored_intra,
                                  factored_scales, head_major, heads_as_columns,
                                  intra_chunk_weights)
@@ -151,6 +152,53 @@ class _ChunkedSSD(torch.autograd.Function):
         return (grads['x'], grads['dt'], grads['A'], grads['B'], grads['C'], grads['D'], None, None)
 
 
+class _NativeChunkedSSD(torch.autograd.Function):
+    """The same scan in the native CPU kernels (:func:`.native_cpu.chunk_scan_forward`): the
+    states entering each chunk are kept for the backward pass, as above."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, Q):
+        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, any(ctx.needs_input_grad))
+        ctx.save_for_backward(x, dt, A, B, C, D, *states)
+        ctx.Q = Q
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, dt, A, B, C, D, *states = ctx.saved_tensors
+        dx, ddt, dA, dB, dC, dD = native_cpu.chunk_scan_backward(dy.contiguous(), x, dt, A, B, C,
+                                                                 D, states, ctx.Q)
+        return dx, ddt, dA, dB, dC, None if D is None else dD, None
+
+
+@native_cpu.register_self_check
+def _native_self_check() -> str | None:
+    """One small float32 scan (two groups, several chunks and a ragged one, a strongly decaying
+    head) forward and backward in the native kernels and in the PyTorch ops above; returns what
+    differs by more than ``native_cpu.SELF_CHECK_TOL``, or None."""
+    gen = torch.Generator().manual_seed(0)
+    b, length, h, p, g, n, Q = 2, 45, 4, 8, 2, 8, 8
+    x, dy = (torch.randn(b, length, h, p, generator=gen) for _ in range(2))
+    dt = torch.rand(b, length, h, generator=gen) / 4
+    dt[..., 0] *= 100  # decays by about 50 per token
+    A = -torch.tensor([4., 1., 2., 8.])
+    B, C = (torch.randn(b, length, g, n, generator=gen) for _ in range(2))
+    D = torch.randn(h, generator=gen)
+    with torch.no_grad(), torch.autocast('cpu', enabled=False):
+        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, True)
+        got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
+    with torch.enable_grad(), torch.autocast('cpu', enabled=False):
+        ins = [t.clone().requires_grad_() for t in (x, dt, A, B, C, D)]
+        y = _ChunkedSSD.apply(*ins, Q, 2 * Q)
+        want = [y.detach(), *torch.autograd.grad(y, ins, dy)]
+    for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
+        err = ((a - r).norm() / r.norm()).item()
+        if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
+            return f'chunked scan {name}: relative error {err:.2e} against the PyTorch ops'
+    return None
+
+
 def ssd_scan_chunked(x: Tensor,
                      dt: Tensor,
                      A: Tensor,
@@ -187,10 +235,13 @@ def ssd_scan_chunked(x: Tensor,
     out_dtype = x.dtype
     dtype = torch.float32 if upcast and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     x, dt, A, B, C = (t.to(dtype).contiguous() for t in (x, dt, A, B, C))
-    D = None if D is None else D.to(dtype)
+    D = None if D is None else D.to(dtype).contiguous()
     Q = max(1, min(chunk_size, x.shape[1]))
     # Under autocast the matmuls inside the Function would silently run in bf16/fp16 (and save
     # low-precision chunk states for backward): the scan computes in ``dtype`` only.
     with torch.autocast(device_type=x.device.type, enabled=False):
-        out = _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks)
+        if dtype in (torch.float32, torch.float64) and native_cpu.use_for(x):
+            out = _NativeChunkedSSD.apply(x, dt, A, B, C, D, Q)
+        else:
+            out = _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks)
     return out.to(out_dtype)

@@ -408,6 +408,104 @@ def test_products_bad_input_is_named():
             fn()
 
 
+def _scan_inputs(b, length, h, g, dtype, seed=0):
+    """Chunked-scan inputs: x, dt, A, B, C, D and an output gradient; head 0 decays by about 50
+    per token (its weights mostly clamped), the others gently to strongly."""
+    gen = torch.Generator().manual_seed(seed)
+    x, dy = (torch.randn(b, length, h, 8, generator=gen, dtype=dtype) for _ in range(2))
+    dt = F.softplus(torch.randn(b, length, h, generator=gen, dtype=dtype) - 1)
+    dt[..., 0] = 50 / 16
+    A = -torch.linspace(16, 1, h, dtype=dtype)
+    B, C = (torch.randn(b, length, g, 6, generator=gen, dtype=dtype) for _ in range(2))
+    return x, dt, A, B, C, torch.randn(h, generator=gen, dtype=dtype), dy
+
+
+def _scan_pytorch(args, Q):
+    """Output and gradients of the PyTorch ops' chunked scan (tiles of two chunks)."""
+    from mmdinomamba.ops.ssd_chunked import _ChunkedSSD
+    *ins, dy = [t.clone().requires_grad_() for t in args]
+    y = _ChunkedSSD.apply(*ins, Q, 2 * Q)
+    return [y.detach(), *torch.autograd.grad(y, ins, dy)]
+
+
+def _scan_native(args, Q):
+    *ins, dy = args
+    y, states = native_cpu.chunk_scan_forward(*ins, Q, True)
+    return [y, *native_cpu.chunk_scan_backward(dy, *ins, states, Q)]
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('b,length,h,g,Q', [(2, 45, 4, 2, 8), (1, 200, 6, 1, 32),
+                                            (3, 5, 2, 1, 32), (1, 64, 3, 1, 16)])
+def test_chunk_scan_equals_the_composition(gemm_path, dtype, tol, b, length, h, g, Q):
+    # ragged last chunks, one short chunk, groups; batch 1 runs in head slices on two threads
+    # (the last case in slices of one and two heads)
+    args = _scan_inputs(b, length, h, g, dtype)
+    got, want = _scan_native(args, Q), _scan_pytorch(args, Q)
+    for name, a, r in zip(['y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        torch.testing.assert_close(a, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
+
+
+def test_chunk_scan_keeps_its_states_in_pieces():
+    # pieces of 3 chunks (the last one ragged) give the same bits as one piece; the backward
+    # pass reads the pieces as its forward pass kept them, whatever the setting is by then
+    module = native_cpu.load()
+    args = _scan_inputs(2, 75, 4, 2, torch.float32)
+    *ins, dy = args
+    whole = _scan_native(args, 8)
+    per_chunk = 2 * 2 * 6 * 2 * 8 * 4  # bytes of one chunk's states: b * g * n * r * p * 4
+    before = module.set_state_piece_bytes(3 * per_chunk)
+    try:
+        y, states = native_cpu.chunk_scan_forward(*ins, 8, True)
+        assert [s.shape[1] for s in states] == [3, 3, 3, 1]
+        module.set_state_piece_bytes(before)
+        got = [y, *native_cpu.chunk_scan_backward(dy, *ins, states, 8)]
+    finally:
+        module.set_state_piece_bytes(before)
+    for a, r in zip(got, whole):
+        assert torch.equal(a, r)
+    y, states = native_cpu.chunk_scan_forward(*ins, 8, False)
+    assert states == [] and torch.equal(y, whole[0])
+
+
+def test_chunk_scan_runs_in_head_slices_on_idle_threads():
+    # batch 1, one group: 1, 2 and 3 threads split the 5 heads into 1, 2 and 3 slices, whose
+    # gradients of B and C are summed afterwards (the only results that change with them)
+    args = _scan_inputs(1, 70, 5, 1, torch.float64)
+    want = _scan_pytorch(args, 16)
+    for threads in (1, 2, 3):
+        got = _with_threads(threads, lambda: _scan_native(args, 16))
+        for a, r in zip(got, want):
+            torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12 * r.abs().max().item())
+
+
+def test_chunk_scan_bad_input_is_named():
+    *ins, dy = _scan_inputs(1, 20, 4, 2, torch.float32)
+    x, dt, A, B, C, D = ins
+    with pytest.raises(RuntimeError, match='dt must be a contiguous CPU tensor of x\'s dtype '
+                                           'with shape \[1, 20, 4\]'):
+        native_cpu.chunk_scan_forward(x, dt.double(), A, B, C, D, 8, True)
+    with pytest.raises(RuntimeError, match='B must be \(b, L, g, n\) with g dividing the heads'):
+        native_cpu.chunk_scan_forward(x, dt, A, torch.randn(1, 20, 3, 6), C, D, 8, True)
+    with pytest.raises(RuntimeError, match='C must be .* \(not contiguous\)'):
+        native_cpu.chunk_scan_forward(x, dt, A, B, C.mT.contiguous().mT, D, 8, True)
+    with pytest.raises(RuntimeError, match='x must be \(b, L, h, p\) float32 or float64'):
+        native_cpu.chunk_scan_forward(x.bfloat16(), dt, A, B, C, D, 8, True)
+    with pytest.raises(RuntimeError, match='chunk must be >= 1'):
+        native_cpu.chunk_scan_forward(x, dt, A, B, C, D, 0, True)
+    _, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, 8, True)
+    with pytest.raises(RuntimeError, match='the states must be the pieces chunk_scan_forward '
+                                           'kept'):
+        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, [], 8)
+    with pytest.raises(RuntimeError, match='the states must be the pieces'):
+        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, 4)  # other chunks
+    with pytest.raises(RuntimeError, match='a state piece must be a contiguous CPU tensor'):
+        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, [states[0][:, :, :1]], 8)
+    with pytest.raises(RuntimeError, match='dy must be'):
+        native_cpu.chunk_scan_backward(dy[:, :10], x, dt, A, B, C, D, states, 8)
+
+
 def test_transpose_falls_back_to_pytorchs_copy():
     src = torch.randn(2, 9, 5)
     for dst, source, native in [(torch.empty(2, 5, 9), src.bfloat16(), True),  # dtypes differ
@@ -643,7 +741,8 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads'])
+@pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads',
+                                    'chunk_scan_backward'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
     monkeypatch.setattr(native_cpu, '_state', {})

@@ -64,10 +64,17 @@ def assert_float64_exact(scan, args):
             torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
 
 
+@pytest.fixture(params=['native', 'torch'])
+def chunked_kernels(request):
+    """The chunked scan in the native CPU kernels and in the PyTorch ops (its specification)."""
+    with fast_path_variant(native_cpu=request.param == 'native'):
+        yield request.param
+
+
 @pytest.mark.parametrize('length', [1, 17, 196, 197, 256, 1000])
 @pytest.mark.parametrize('groups', [1, 2])
 @pytest.mark.parametrize('with_d', [True, False])
-def test_chunked_matches_reference(length, groups, with_d):
+def test_chunked_matches_reference(chunked_kernels, length, groups, with_d):
     args = make_inputs(length, groups, with_d=with_d)
     want = ssd_scan_ref(*[None if a is None else a.double() for a in args])
     got = ssd_scan(*args, backend='torch')
@@ -77,7 +84,7 @@ def test_chunked_matches_reference(length, groups, with_d):
 
 @pytest.mark.parametrize('length,groups,with_d', [(1, 1, True), (17, 2, True), (197, 1, False),
                                                   (256, 2, True), (1000, 1, True)])
-def test_chunked_gradients_match_reference(length, groups, with_d):
+def test_chunked_gradients_match_reference(chunked_kernels, length, groups, with_d):
     args = make_inputs(length, groups, with_d=with_d, seed=1)
     ref_in, ins = _with_grads(args, torch.float64), _with_grads(args, torch.float32)
     y_ref = ssd_scan_ref(*ref_in)
@@ -93,7 +100,7 @@ def test_chunked_gradients_match_reference(length, groups, with_d):
         assert rel_err(a.grad, r.grad) <= 1e-5, name
 
 
-def test_gradients_with_tiles_and_ragged_chunks():
+def test_gradients_with_tiles_and_ragged_chunks(chunked_kernels):
     """Several tiles, a ragged last chunk, state carried across tiles (float64, tight)."""
     args = _with_grads(make_inputs(150, groups=2, seed=2), torch.float64)
     ref = _with_grads(args, torch.float64)
@@ -104,13 +111,13 @@ def test_gradients_with_tiles_and_ragged_chunks():
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
 
 
-def test_batch_slices_are_independent():
+def test_batch_slices_are_independent(chunked_kernels):
     """Batch 5 at L=300 runs as batch slices of 4 + 1 (work units of ~1024 token rows)."""
     assert_float64_exact(ssd_scan_chunked, make_inputs(300, groups=2, batch=5, seed=10))
 
 
 @pytest.mark.parametrize('chunk_size,tile_chunks', [(1, 1), (7, 2), (16, 4), (64, 4), (300, 1)])
-def test_chunk_size_does_not_change_result(chunk_size, tile_chunks):
+def test_chunk_size_does_not_change_result(chunked_kernels, chunk_size, tile_chunks):
     args = make_inputs(131, groups=2, dtype=torch.float64, seed=3)
     want = ssd_scan_ref(*args)
     got = ssd_scan_chunked(*args, chunk_size=chunk_size, tile_chunks=tile_chunks)
@@ -152,7 +159,7 @@ def test_backends_agree_on_cpu_and_triton_falls_back():
     assert PORTABLE_CHUNK_SIZE == 32
 
 
-def test_half_precision_and_strided_inputs():
+def test_half_precision_and_strided_inputs(chunked_kernels):
     x, dt, A, B, C, D = make_inputs(70, seed=8)
     want = ssd_scan(x, dt, A, B, C, D, backend='torch')
     got = ssd_scan(*(t.bfloat16() for t in (x, dt, A, B, C, D)), backend='torch')
@@ -162,7 +169,7 @@ def test_half_precision_and_strided_inputs():
     torch.testing.assert_close(ssd_scan(x_strided, dt, A, B, C, D, backend='torch'), want)
 
 
-def test_autocast_does_not_lower_scan_precision():
+def test_autocast_does_not_lower_scan_precision(chunked_kernels):
     """Under bf16 autocast the portable scan still computes (and saves states) in float32:
     outputs and gradients equal the run without autocast; a bf16 backward used to crash."""
     args = make_inputs(150, groups=2, seed=11)
@@ -178,7 +185,7 @@ def test_autocast_does_not_lower_scan_precision():
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
 
-def test_no_grad_forward_and_strong_decay_are_finite():
+def test_no_grad_forward_and_strong_decay_are_finite(chunked_kernels):
     x, dt, A, B, C, D = make_inputs(300, seed=9)
     with torch.no_grad():
         y = ssd_scan(x, dt * 1e3, A, B, C, D, backend='torch')  # decays far below exp(-60)
@@ -220,7 +227,8 @@ def test_factored_chunks_float32_match_float64_recurrence(length, groups):
     dtv = args[1][:, :PORTABLE_CHUNK_SIZE].reshape(2, 1, PORTABLE_CHUNK_SIZE, groups, -1)
     acs = (dtv * args[2].reshape(groups, -1)).cumsum(2)
     assert factored_scales(dtv, args[2], acs) is not None
-    assert_float32_close_to_float64(ssd_scan_chunked, args)
+    with fast_path_variant(native_cpu=False):  # the PyTorch ops' form (the native one has none)
+        assert_float32_close_to_float64(ssd_scan_chunked, args)
 
 
 def test_factored_and_per_head_blocks_in_one_scan_float64():
@@ -232,4 +240,5 @@ def test_factored_and_per_head_blocks_in_one_scan_float64():
     dtv = [args[1][:, i:i + 32].reshape(2, 1, 32, 2, -1) for i in range(0, 160, 32)]
     blocks = [factored_scales(d, args[2], (d * args[2].reshape(2, -1)).cumsum(2)) for d in dtv]
     assert [s is None for s in blocks] == [False, False, False, True, False]
-    assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)
+    with fast_path_variant(native_cpu=False):
+        assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)
