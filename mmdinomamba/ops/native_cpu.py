@@ -16,7 +16,9 @@ composition of about ten operations) runs one pass per row each way; and so do t
 between the token-major projections and the channel-major inside of the mixer
 (:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
 3-5x slower); the merge reads its gate and writes its output (and their gradients) token-major,
-transposing tile by tile in cache.
+transposing tile by tile in cache. The chunked SSD scan (:func:`chunk_scan_forward`,
+:func:`chunk_scan_backward`; :mod:`.ssd_chunked` is its specification) runs whole in them, one
+(sample, group, slice of heads) a task.
 They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
 for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
 flags, so a shared cache never hands one CPU another's binary, and by the source's path and

@@ -30,6 +30,16 @@ What makes it fast and lean compared with the textbook ``ssd_minimal`` form:
 The result does not depend on the chunk size up to rounding; CPUs prefer small chunks:
 :data:`PORTABLE_CHUNK_SIZE` (32) was 1.16x faster than 64 and 128 was slower still (forward +
 backward, 24 heads of 64 channels, state 64, L = 1024 and 4096, one thread).
+
+On CPU, float32 and float64 scans run in the native kernels where they are built
+(:func:`.native_cpu.chunk_scan_forward`, :func:`.native_cpu.chunk_scan_backward`): the same
+algorithm and backward pass, but one work unit per (sample, group, slice of the group's heads)
+runs the whole sequence chunk by chunk with every temporary in cache, the diagonal blocks'
+weights built per head (no factored form needed), the heads of a unit side by side as the
+columns of the state products. About 1.6-2.1x faster than these PyTorch ops (forward + backward,
+``tools/analysis/benchmark_ssd.py``'s inputs, docs/results.md). The PyTorch ops stay the
+specification and the fallback (no kernels, another dtype, ``torch.compile`` tracing,
+``fast_path_variant(native_cpu=False)``); ``tile_chunks`` concerns them only.
 """
 import torch
 from torch import Tensor
@@ -172,6 +182,15 @@ class _NativeChunkedSSD(torch.autograd.Function):
         return dx, ddt, dA, dB, dC, None if D is None else dD, None
 
 
+class _SelfCheckContext:
+    """What :class:`_ChunkedSSD`'s forward and backward read of an autograd context, for
+    calling them directly."""
+    needs_input_grad = (True, ) * 6
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """One small float32 scan (two groups, several chunks and a ragged one, a strongly decaying
@@ -185,13 +204,14 @@ def _native_self_check() -> str | None:
     A = -torch.tensor([4., 1., 2., 8.])
     B, C = (torch.randn(b, length, g, n, generator=gen) for _ in range(2))
     D = torch.randn(h, generator=gen)
+    # no autograd graph: the first call may come from inside a checkpointed block, whose
+    # saved-tensor hooks would count what a graph here saved
+    ctx = _SelfCheckContext()
     with torch.no_grad(), torch.autocast('cpu', enabled=False):
         y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, True)
         got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
-    with torch.enable_grad(), torch.autocast('cpu', enabled=False):
-        ins = [t.clone().requires_grad_() for t in (x, dt, A, B, C, D)]
-        y = _ChunkedSSD.apply(*ins, Q, 2 * Q)
-        want = [y.detach(), *torch.autograd.grad(y, ins, dy)]
+        want = [_ChunkedSSD.forward(ctx, x, dt, A, B, C, D, Q, 2 * Q),
+                *_ChunkedSSD._backward(ctx, dy)[:6]]
     for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
         err = ((a - r).norm() / r.norm()).item()
         if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
@@ -221,7 +241,8 @@ def ssd_scan_chunked(x: Tensor,
         D (Tensor, optional): (heads,) skip weights. Defaults to None.
         chunk_size (int): tokens per chunk. Defaults to :data:`PORTABLE_CHUNK_SIZE` (32, the
             fastest on CPU).
-        tile_chunks (int): chunks processed together (cache blocking). Defaults to 4.
+        tile_chunks (int): chunks processed together (cache blocking) by the PyTorch ops (the
+            native kernels take one chunk at a time). Defaults to 4.
         upcast (bool): compute float16/bfloat16 inputs in float32 and cast the result back;
             False computes in the input dtype (a "plain PyTorch in bf16" baseline for kernel
             accuracy tests). Defaults to True.

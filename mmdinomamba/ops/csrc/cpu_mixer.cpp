@@ -4,9 +4,10 @@
 // quadratic form, the strongly decaying heads' (L, L) weights and their gradients, the
 // element-wise work around its matrix products and those products themselves, block by block
 // in parallel; the transposed copies between the token-major projections and the channel-major
-// layout of all of these. The PyTorch compositions they replace (shift_conv.py,
-// bidir_inner.merge_forward / merge_backward, ssd_quadratic_heads.py, ssd_quadratic.py,
-// ssd_triangles.py, torch.nn.functional.rms_norm, Tensor.copy_ of a transposed view) are the
+// layout of all of these; the chunked SSD scan, forward and backward. The PyTorch compositions
+// they replace (shift_conv.py, bidir_inner.merge_forward / merge_backward,
+// ssd_quadratic_heads.py, ssd_quadratic.py, ssd_triangles.py, torch.nn.functional.rms_norm,
+// Tensor.copy_ of a transposed view, ssd_chunked.py and ssd_chunked_bwd.py) are the
 // specification.
 //
 // Conv layout (that of shift_conv.py): a zero-padded input xp (L + 2 (K - 1) tokens), filters
@@ -1825,8 +1826,9 @@ ScanShape scan_shape(const at::Tensor& x, const at::Tensor& dt, const at::Tensor
   TORCH_CHECK(chunk >= 1, "chunk scan: chunk must be >= 1, got ", chunk);
   ScanShape d{};
   d.batch = x.size(0), d.length = x.size(1), d.heads = x.size(2), d.headdim = x.size(3);
-  d.groups = B.size(2), d.state = B.size(3), d.chunk = chunk;
-  d.chunks = (d.length + chunk - 1) / chunk;
+  d.groups = B.size(2), d.state = B.size(3);
+  d.chunk = std::min(chunk, std::max<int64_t>(1, d.length));  // scratch is chunk x chunk
+  d.chunks = (d.length + d.chunk - 1) / d.chunk;
   check_scan(x, x, {d.batch, d.length, d.heads, d.headdim}, "x");
   check_scan(dt, x, {d.batch, d.length, d.heads}, "dt");
   check_scan(A, x, {d.heads}, "A");
@@ -1891,7 +1893,9 @@ std::vector<at::Tensor> chunk_scan_backward(const at::Tensor& dy, const at::Tens
   check_scan(dy, x, {d.batch, d.length, d.heads, d.headdim}, "dy");
   // the pieces' length as the forward pass chose it
   const int64_t per = states.empty() || states[0].dim() != 5 ? 0 : states[0].size(1);
-  TORCH_CHECK(per >= 1 && static_cast<int64_t>(states.size()) == (d.chunks + per - 1) / per,
+  TORCH_CHECK(d.chunks == 0 ? states.empty()
+                            : per >= 1 && static_cast<int64_t>(states.size()) ==
+                                              (d.chunks + per - 1) / per,
               "chunk scan: the states must be the pieces chunk_scan_forward kept (keep_states) "
               "for these inputs, got ", states.size(), " pieces");
   for (size_t i = 0; i < states.size(); ++i)
