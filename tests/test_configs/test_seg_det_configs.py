@@ -142,6 +142,6 @@ def test_print_config_settings_cli(capsys):
     assert "PolyLR(eta_min=0.0, power=1.0, by_epoch=False, begin=1500, end=160000)" in out
     assert "Resize(scale=(1333, 800), keep_ratio=True)" in out
     assert '8 GPUs' in out and 'DIFF' not in out
-    demo = [p for p in SEG if 'embedded' in p][0]
+    demo = [p for p in SEG if 'embedded' in osp.basename(p)][0]
     assert tool.main([demo, '--check']) == 1
     assert '[DIFF] lr' in capsys.readouterr().out

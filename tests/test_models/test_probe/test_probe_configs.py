@@ -13,7 +13,7 @@ from mmdinomamba.models.necks import ProbeFeatureNeck
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 PROBE = sorted(p for p in glob.glob(osp.join(REPO, 'configs/linear_probe/**/*.py'),
-                                    recursive=True) if '/_base_/' not in p)
+                                    recursive=True) if '/_base_/' not in osp.relpath(p, REPO))
 ROBUST = sorted(glob.glob(osp.join(REPO, 'configs/_base_/datasets/imagenet-*_probe_test.py')))
 # Table 1: config stem prefix -> (paper head size in M parameters, backbone type)
 TABLE1 = {
@@ -44,7 +44,8 @@ def test_all_table_configs_exist():
     names = [osp.basename(p) for p in PROBE]
     for prefix in TABLE1:
         assert sum(n.startswith(prefix) for n in names) == 1, prefix
-    assert len([p for p in PROBE if '/ablation/' in p]) == 14  # Table 5 (9) + Table 6 (4) + base
+    # Table 5 (9) + Table 6 (4) + base
+    assert len([p for p in PROBE if '/ablation/' in osp.relpath(p, REPO)]) == 14
     assert len(ROBUST) == 7
 
 
@@ -105,7 +106,7 @@ def test_ablations_are_deltas_of_the_baseline():
     assert (base.model.num_blocks, base.model.neck.pooling) == (4, 'cls')
     assert (base.optim_wrapper.optimizer.lr, base.optim_wrapper.optimizer.weight_decay) == \
         (1e-3, 0.)
-    for path in (p for p in PROBE if '/ablation/' in p):
+    for path in (p for p in PROBE if '/ablation/' in osp.relpath(p, REPO)):
         cfg = Config.fromfile(path)
         name = osp.basename(path)
         n = int(name.split('-p16-')[1][0])

@@ -13,7 +13,7 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/pretrain/*.py')))
 PAPER = [c for c in CONFIGS if c.endswith('_in1k.py')]
 DEMO = [c for c in CONFIGS if osp.basename(c).startswith('dino_dinovim-demo_')]
-MIXER_DEMOS = [c for c in CONFIGS if 'demo' in c]
+MIXER_DEMOS = [c for c in CONFIGS if 'demo' in osp.basename(c)]  # not in the checkout's path
 DEMO_BACKBONE = dict(type='DinoVim', arch=dict(embed_dims=64, num_layers=4),
                      mixer_cfg=dict(d_state=16, headdim=16), img_size=64, patch_size=8)
 NAME = re.compile(r'dino_(dinovim|mambareg|vit|linearvit)-([tsb])-p16_(\d+)xb(\d+)-100e_in1k')
