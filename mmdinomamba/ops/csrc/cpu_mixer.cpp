@@ -1462,7 +1462,7 @@ void transpose_into(at::Tensor& dst, const at::Tensor& src) {
 // consecutive chunks (b, chunks of the piece, g, n, r * p) of at most state_piece_bytes each
 // (unless one chunk is larger): glibc's malloc hands blocks above 32 MiB straight to mmap, so
 // one large buffer (50 MiB for 24 heads of 64 at L = 4096) would be fresh pages, faulted in and
-// zeroed by the kernel on every call, at about a third of the forward pass's time.
+// zeroed by the kernel on every call (more than half of the forward pass's time at two threads).
 int64_t state_piece_bytes = 16 << 20;
 
 // Sets the largest piece of the kept states (tests use small pieces); returns the previous.
