@@ -1533,13 +1533,22 @@ void chunk_sums(const T* dtk, const T* A, int64_t heads, int64_t head0, int64_t 
 }
 
 // The diagonal block's weights W[i, j] = cb[i, j] exp(s_i - s_j) dt_j (j <= i), 0 above
-// (q x q, row stride Q).
+// (q x q, row stride Q), and with E (the backward pass) their decays exp(s_i - s_j) (j <= i).
 template <typename T>
-void chunk_weights(const T* cb, const double* s, const T* dtc, int64_t q, int64_t Q, T* W) {
+void chunk_weights(const T* cb, const double* s, const T* dtc, int64_t q, int64_t Q, T* W,
+                   T* E = nullptr) {
   for (int64_t i = 0; i < q; ++i) {
     T* w = W + i * Q;
     const T* c = cb + i * Q;
-    for (int64_t j = 0; j <= i; ++j) w[j] = c[j] * scan_decay<T>(s[i] - s[j]) * dtc[j];
+    if (E == nullptr) {
+      for (int64_t j = 0; j <= i; ++j) w[j] = c[j] * scan_decay<T>(s[i] - s[j]) * dtc[j];
+    } else {
+      T* e = E + i * Q;
+      for (int64_t j = 0; j <= i; ++j) {
+        e[j] = scan_decay<T>(s[i] - s[j]);
+        w[j] = c[j] * e[j] * dtc[j];
+      }
+    }
     std::fill(w + i + 1, w + q, T(0));
   }
 }
@@ -1633,7 +1642,7 @@ void chunk_scan_backward_kernel(const ScanTensors<T>& in, const ScanShape& d, co
     const int64_t nh_max = (d.per_group() + d.slices - 1) / d.slices, cols_max = nh_max * p;
     std::vector<double> s(nh_max * Q), da(nh_max * Q), dsi(nh_max * Q), cs(nh_max * Q),
         ddt(nh_max * Q), strad(Q), ds_last(nh_max);
-    std::vector<T> dtc(nh_max * Q), cb(Q * Q), W(Q * Q), dW(Q * Q), dcb(Q * Q), M(Q * n),
+    std::vector<T> dtc(nh_max * Q), cb(Q * Q), W(Q * Q), E(Q * Q), dW(Q * Q), dcb(Q * Q), M(Q * n),
         dCl(Q * n), dBl(Q * n), dHn(n * cols_max), dHl(n * cols_max), dys(Q * cols_max),
         Mb(Q * cols_max), xs(Q * cols_max);
     for (int64_t u = begin; u < end; ++u) {
@@ -1730,7 +1739,7 @@ void chunk_scan_backward_kernel(const ScanTensors<T>& in, const ScanShape& d, co
         for (int64_t hh = 0; hh < nh; ++hh) {
           const double* sh = s.data() + hh * Q;
           const T* dth = dtc.data() + hh * Q;
-          chunk_weights(cb.data(), sh, dth, q, Q, W.data());
+          chunk_weights(cb.data(), sh, dth, q, Q, W.data(), E.data());
           gemm<T>(true, false, q, p, q, W.data(), Q, dyk + hh * p, ldx, dxk + hh * p, ldx);
           gemm<T>(false, true, q, q, p, dyk + hh * p, ldx, xk + hh * p, ldx, dW.data(), Q);
           double trace = 0;
@@ -1739,11 +1748,12 @@ void chunk_scan_backward_kernel(const ScanTensors<T>& in, const ScanShape& d, co
           for (int64_t i = 0; i < q; ++i) {
             const T* dwi = dW.data() + i * Q;
             const T* cbi = cb.data() + i * Q;
+            const T* ei = E.data() + i * Q;
             T* dcbi = dcb.data() + i * Q;
             trace += dwi[i];
             double prefix = 0;  // sum_{j <= m} G_ij: the pairs (i, j) whose decay holds a_{m+1}
             for (int64_t j = 0; j <= i; ++j) {
-              const T v = dwi[j] * scan_decay<T>(sh[i] - sh[j]);
+              const T v = dwi[j] * ei[j];
               dcbi[j] += v * dth[j];
               const T vc = v * cbi[j];
               ddth[j] += vc;
