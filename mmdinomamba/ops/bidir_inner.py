@@ -2,14 +2,16 @@
 
 From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj`` (or, given its
 weight, to its output): both directions' causal conv + SiLU (:mod:`.shift_conv`), both
-directions' SSD scan in the quadratic form (:mod:`.ssd_quadratic`), each direction's gated
-RMSNorm and their average.
+directions' SSD scan in the quadratic form (:mod:`.ssd_quadratic`; heads of 16 channels with 16
+states, with the native kernels, by their recurrence, :mod:`.ssd_recurrent`), each direction's
+gated RMSNorm and their average.
 Everything runs channel-major in the original token order (the backward direction is
 anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
 pass is written by hand: it keeps the projection, the scan's product and small state, and
 (with the native kernels, unless ``fast_path_variant(recompute_conv_cpu=True)``) the conv's
 output, and recomputes the rest (the scan's per-head matrices are cheaper to rebuild than to
-keep; with ``out_proj`` inside, the merged output is rebuilt by the merge's backward pass).
+keep; the recurrence keeps its output alone and recomputes its states; with ``out_proj``
+inside, the merged output is rebuilt by the merge's backward pass).
 
 The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
 :func:`~mmdinomamba.ops.ssd_scan` and :func:`~mmdinomamba.ops.bidir_gated_merge`
@@ -169,20 +171,40 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     ct = torch.promote_types(proj.dtype, torch.float32)
     act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
     u, Bm, Cm = _split_conv(act, dims)
+    if _use_recurrent(dims, native):  # the scan by its recurrence: keeps its output alone
+        dt = native_cpu.scan_steps(_tokens(proj[..., -dims.nheads:], ct), dt_bias.to(ct))
+        y = native_cpu.recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
+        out = _merged(proj, y, norm_weight, dims, ct, out, native)
+        return out, [dt, y, act if keep_conv else None]
     if native:  # dt and the scan's factors in one native pass
         dt, *factors = native_cpu.scan_factors(_tokens(proj[..., -dims.nheads:], ct),
                                                dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
     else:
         dt, factors = softplus(_dt(proj, dt_bias, dims, ct)), None
     y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native, factors)
-    if out is None or out.dtype != ct:
-        out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
-    merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct), norm_weight, dims,
-                  out, native)
+    out = _merged(proj, y, norm_weight, dims, ct, out, native)
     # keep the scan's (b, R, g, r p, L) product and its small state, and the conv's output
     # or nothing of it (recomputed)
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
                  st.y_wide, act if keep_conv and native else None]
+
+
+def _use_recurrent(dims: InnerDims, native: bool) -> bool:
+    """Whether the native kernels scan by the recurrence (heads they take, and the variant's
+    ``recurrent_scan``) instead of the quadratic form."""
+    return (native and current_variant().recurrent_scan
+            and native_cpu.recurrent_fits(dims.d_state, dims.headdim))
+
+
+def _merged(proj: Tensor, y: Tensor, norm_weight: Tensor | None, dims: InnerDims,
+            dtype: torch.dtype, out: Tensor | None, native: bool) -> Tensor:
+    """The merge of the scan's output ``y`` (b, 2, h, p, L), written into ``out`` if that has
+    ``dtype`` (else a new tensor) and returned."""
+    if out is None or out.dtype != dtype:
+        out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=dtype)
+    merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], dtype), norm_weight, dims,
+                  out, native)
+    return out
 
 
 def _conv(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dims: InnerDims,
@@ -236,17 +258,22 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     (for the output projection's weight gradient)."""
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
     dt, *st, act = kept
-    st = ScanState(*st)
+    recurrent = len(st) == 1  # the recurrence's output, or the quadratic form's state
+    st = st[0] if recurrent else ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
     xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native, act)
     u, Bm, Cm = _split_conv(act, dims)
-    y = st.output(u, native).flatten(2, 3)
+    y = (st if recurrent else st.output(u, native)).flatten(2, 3)
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
     dy, dnorm = merge_backward(_tokens(dout, ct), y, _tokens(proj[..., :d], ct), norm_weight,
                                dims, grad[..., :d], native, mixed)
-    du, ddt, dA, dB, dC, dD = scan_backward(dy.unflatten(2, (-1, dims.headdim)), u, dt,
-                                            A.to(ct), Bm, Cm, st, True, native)
+    dy = dy.unflatten(2, (-1, dims.headdim))
+    if recurrent:
+        du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm, Cm,
+                                                                      D.to(ct))
+    else:
+        du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True, native)
     dweight, dbias = _conv_backward([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], xin,
                                     pre, conv_weight, conv_bias, grad[..., d:d + c])
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
@@ -320,36 +347,39 @@ class _BidirInner(torch.autograd.Function):
 
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
-    """One small float32 forward and backward pass of this fast path (conv, quadratic scan with
-    factored and strongly decaying heads, merge) with the native kernels and with the PyTorch
-    ops; returns what differs by more than ``native_cpu.SELF_CHECK_TOL``, or None. A compiler
-    that builds the kernels wrongly (flags, a new CPU) then costs speed, not results. About a
-    millisecond."""
+    """Small float32 forward and backward passes of this fast path (conv, quadratic scan with
+    factored and strongly decaying heads, merge; the recurrence for heads it takes) with the
+    native kernels and with the PyTorch ops; returns what differs by more than
+    ``native_cpu.SELF_CHECK_TOL``, or None. A compiler that builds the kernels wrongly (flags,
+    a new CPU) then costs speed, not results. About a millisecond."""
     gen = torch.Generator().manual_seed(0)
-    dims = InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
-    b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
-    proj = torch.randn(b, length, dims.d_inner + c + h, generator=gen)  # [z, x, B, C, dt]
-    params = [torch.randn(2, c, dims.kernel, generator=gen) / 2,
-              torch.randn(2, c, generator=gen) / 10,
-              # direction 0's first head decays ~50 per token: computed one by one
-              torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
-              -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),
-              torch.randn(2, h, generator=gen), 1 + torch.randn(2, dims.d_inner, generator=gen)]
-    dout = torch.randn(b, length, dims.d_inner, generator=gen)
-    results = []
-    # the first call may come from inside autocast: the check runs in float32 throughout
-    with torch.no_grad(), torch.autocast('cpu', enabled=False):
-        for native in (True, False):
-            out, kept = _inner_forward(proj, *params, dims, native)
-            dproj = torch.empty_like(proj)
-            grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
-            results.append([out, dproj, *grads])
     names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
              'd norm weight']
-    for name, got, want in zip(names, *results):
-        err = ((got - want).norm() / want.norm()).item()
-        if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-            return f'{name}: relative error {err:.2e} against the PyTorch ops'
+    for size in (8, 16):  # the quadratic form; the recurrence
+        dims = InnerDims(d_inner=4 * size, ngroups=2, d_state=size, headdim=size, kernel=4)
+        b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
+        proj = torch.randn(b, length, dims.d_inner + c + h, generator=gen)  # [z, x, B, C, dt]
+        params = [torch.randn(2, c, dims.kernel, generator=gen) / 2,
+                  torch.randn(2, c, generator=gen) / 10,
+                  # direction 0's first head decays ~50 per token: computed one by one
+                  torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]]),
+                  -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]]),
+                  torch.randn(2, h, generator=gen),
+                  1 + torch.randn(2, dims.d_inner, generator=gen)]
+        dout = torch.randn(b, length, dims.d_inner, generator=gen)
+        results = []
+        # the first call may come from inside autocast: the check runs in float32 throughout
+        with torch.no_grad(), torch.autocast('cpu', enabled=False):
+            for native in (True, False):
+                out, kept = _inner_forward(proj, *params, dims, native)
+                dproj = torch.empty_like(proj)
+                grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
+                results.append([out, dproj, *grads])
+        for name, got, want in zip(names, *results):
+            err = ((got - want).norm() / want.norm()).item()
+            if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
+                return (f'{name}: relative error {err:.2e} against the PyTorch ops (heads of '
+                        f'{size} channels)')
     return None
 
 

@@ -298,8 +298,14 @@ def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
     and ``wide`` as :func:`~mmdinomamba.ops.ssd_quadratic.ScanState` holds them, in one pass per
     (sample, direction, head)."""
     dt, S, row, col, wide = _module().scan_factors(raw, dt_bias.contiguous(), A.contiguous(),
-                                                   factored_range)
+                                                   factored_range, True)
     return dt, S, row, col, wide
+
+
+def scan_steps(raw: Tensor, dt_bias: Tensor) -> Tensor:
+    """``dt`` of :func:`scan_factors` alone (the same values; the recurrence's step sizes)."""
+    bias = dt_bias.contiguous()
+    return _module().scan_factors(raw, bias, bias, 0., False)[0]
 
 
 def column_products(a: Tensor, m: Tensor, bounds: list[int], transpose: bool,
@@ -364,6 +370,35 @@ def scan_backward_pointwise(dxs: Tensor, x: Tensor, dy: Tensor, dys: Tensor, ys:
     dxs_x, dys_ys, dy_x = _module().scan_backward_pointwise(dxs, x, dy, dys, ys, s.contiguous(),
                                                            diag.contiguous())
     return dxs_x, dys_ys, dy_x
+
+
+#: the head sizes (states, channels) of :func:`recurrent_scan_forward`
+RECURRENT_HEADS = (16, 16)
+
+
+def recurrent_fits(d_state: int, headdim: int) -> bool:
+    """Whether :func:`recurrent_scan_forward` takes heads of ``headdim`` channels with
+    ``d_state`` states."""
+    return (d_state, headdim) == RECURRENT_HEADS
+
+
+def recurrent_scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Tensor | None) -> Tensor:
+    """The SSD scan by its recurrence, for heads that :func:`recurrent_fits`: ``y`` (b, R, h, p,
+    L), a new contiguous tensor, of the operands of
+    :func:`~mmdinomamba.ops.ssd_quadratic.scan_forward` in its layout (``x``, ``B``, ``C`` as
+    :func:`planes_fit` says, ``dt`` (b, R, h, L) contiguous, ``A`` and ``D`` (R, h))."""
+    return _module().recurrent_scan_forward(x, dt, A.contiguous(), B, C,
+                                            None if D is None else D.contiguous())
+
+
+def recurrent_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                            D: Tensor | None) -> tuple[Tensor, ...]:
+    """Gradients of :func:`recurrent_scan_forward` for ``dy`` (like ``x``): ``dx``, ``ddt``,
+    ``dA`` (R, h), ``dB``, ``dC`` and ``dD`` (R, h; zeros without ``D``)."""
+    dx, ddt, dA, dB, dC, dD = _module().recurrent_scan_backward(
+        dy, x, dt, A.contiguous(), B, C, None if D is None else D.contiguous())
+    return dx, ddt, dA, dB, dC, dD
 
 
 def chunk_scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,

@@ -55,6 +55,9 @@ class FastPathVariant:
             merge and the (L, L) work of the scan's strongly decaying heads in the native C++
             kernels (:mod:`.native_cpu`; False, or when they cannot be built:
             PyTorch ops).
+        recurrent_scan (bool): CPU, quadratic form with ``native_cpu``: heads of 16 channels
+            with 16 states (the demo's) scanned by their recurrence in the native kernels
+            (:func:`.native_cpu.recurrent_scan_forward`; False: the quadratic form).
         recompute_conv_cpu (bool): CPU, quadratic form with ``native_cpu``: recompute both
             directions' conv output in the backward pass instead of keeping it (off by
             default: keeping it made DinoVim-T's training step about 5% faster, the demo's
@@ -69,6 +72,7 @@ class FastPathVariant:
     quadratic_max_len: int | None = None
     triangle_blocks: bool = True
     native_cpu: bool = True
+    recurrent_scan: bool = True
     recompute_conv_cpu: bool = False
 
 

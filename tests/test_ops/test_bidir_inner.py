@@ -49,8 +49,12 @@ def test_batch_slices_are_near_equal_and_within_the_bound(batch, length, limit, 
     assert all(a.stop == b.start for a, b in zip(slices, slices[1:]))
 
 
+SMALL_HEADS = dict(d_state=16, headdim=16)  # the demo's: scanned by the recurrence
+
+
 @pytest.mark.parametrize('kw', [dict(), dict(rmsnorm=False), dict(ngroups=2), dict(
-    conv_bias=False), dict(dt_scale=50.0, ngroups=2)])
+    conv_bias=False), dict(dt_scale=50.0, ngroups=2), SMALL_HEADS,
+    dict(SMALL_HEADS, rmsnorm=False), dict(SMALL_HEADS, dt_scale=50.0, ngroups=2)])
 def test_fast_path_equals_specification_float64(kw, monkeypatch):
     monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
     m = _mixer(**kw)
@@ -61,9 +65,10 @@ def test_fast_path_equals_specification_float64(kw, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize('heads', [dict(), SMALL_HEADS])
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])
-def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale):
-    m = _mixer(dt_scale=dt_scale)
+def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale, heads):
+    m = _mixer(dt_scale=dt_scale, **heads)
     m32 = copy.deepcopy(m).float()
     worst = {True: [], False: []}  # per input: the largest relative error of any result
     for seed in range(6):

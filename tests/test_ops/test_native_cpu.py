@@ -742,7 +742,8 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
 
 
 @pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads',
-                                    'chunk_scan_backward'])
+                                    'chunk_scan_backward', 'recurrent_scan_backward',
+                                    'scan_steps'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
     monkeypatch.setattr(native_cpu, '_state', {})

@@ -24,7 +24,8 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'quadratic=True triangle_blocks=True native_cpu=True recompute_conv_cpu=False '
+            'quadratic=True triangle_blocks=True native_cpu=True recurrent_scan=True '
+            'recompute_conv_cpu=False '
             'with_cp=False '
             'keep_freed_memory=False '
             'chunk_size=default' in capsys.readouterr().out)

@@ -85,6 +85,8 @@ FAST_PATH_SWITCHES = {
                        'blocks (off: full products)',
     'native_cpu': 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in the '
                   'native C++ kernels (off: PyTorch ops)',
+    'recurrent_scan': 'CPU, native kernels: heads of 16 channels with 16 states scanned by '
+                      'their recurrence (off: the quadratic form)',
     'recompute_conv_cpu': 'CPU, native kernels: recompute the conv output in the backward pass '
                           '(off: keep it; less memory when on, faster when off)',
 }
@@ -257,7 +259,8 @@ BREAKDOWN = (
     ('mixer between its projections, forward', 0, [('bidir_inner', '_inner_forward')]),
     ('mixer between its projections, backward', 0, [('bidir_inner', '_inner_backward')]),
     ('SSD scan, forward and backward', 1,
-     [('bidir_inner', 'scan_forward'), ('bidir_inner', 'scan_backward')]),
+     [('bidir_inner', 'scan_forward'), ('bidir_inner', 'scan_backward'),
+      ('native_cpu', 'recurrent_scan_forward'), ('native_cpu', 'recurrent_scan_backward')]),
     ('(L, L) matrix products', 2, [('ssd_quadratic', 'apply_masked'),
                                    ('ssd_quadratic', 'apply_masked_t'),
                                    ('ssd_quadratic', 'masked_outer')]),

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -863,7 +864,8 @@ std::vector<at::Tensor> wide_grads(const at::Tensor& dW, const at::Tensor& hi,
 // sizes (a view into the projection), S the cumulative sum of a = dt A[r] in float64 (inclusive;
 // reverse for direction 1, written as total - cumsum + a as cumulative() does), whether the head
 // is wide (|S_first - S_last| > range) and, for the others, row = exp(S - c) and col = exp(c - S)
-// with c the middle of the range (zero for wide heads). One thread per (b, r, h) row.
+// with c the middle of the range (zero for wide heads); dt alone where S is null (the
+// recurrence's). One thread per (b, r, h) row.
 template <typename T>
 void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, double* S,
                          T* row, T* col, bool* wide, int64_t batch, int64_t heads,
@@ -879,6 +881,7 @@ void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, 
         const T v = x[t * raw.token_stride] + bh;
         d[t] = v > T(20) ? v : std::log1p(std::exp(v));  // F.softplus, threshold 20
       }
+      if (S == nullptr) continue;
       double acc = 0;
       for (int64_t t = 0; t < length; ++t) s[t] = acc += static_cast<double>(d[t] * ah);
       if (r == 1) {
@@ -901,7 +904,7 @@ void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, 
 }
 
 std::vector<at::Tensor> scan_factors(const at::Tensor& raw, const at::Tensor& bias,
-                                     const at::Tensor& A, double range) {
+                                     const at::Tensor& A, double range, bool factors) {
   TORCH_CHECK(raw.dim() == 3, "native scan factors: raw must be a (b, L, h) tensor, got ",
               raw.sizes());
   const int64_t batch = raw.size(0), length = raw.size(1), heads = raw.size(2);
@@ -913,8 +916,16 @@ std::vector<at::Tensor> scan_factors(const at::Tensor& raw, const at::Tensor& bi
                 "native scan factors: dt_bias and A must be contiguous (2, h) tensors of raw's "
                 "dtype");
   const std::vector<int64_t> shape{batch, 2, heads, length};
-  auto dt = at::empty(shape, raw.options()), row = at::empty(shape, raw.options());
-  auto col = at::empty(shape, raw.options());
+  auto dt = at::empty(shape, raw.options());
+  if (!factors) {
+    AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "scan_factors", [&] {
+      scan_factors_kernel<scalar_t>(tokens<const scalar_t>(raw), bias.data_ptr<scalar_t>(),
+                                    A.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), nullptr,
+                                    nullptr, nullptr, nullptr, batch, heads, length, range);
+    });
+    return {dt};
+  }
+  auto row = at::empty(shape, raw.options()), col = at::empty(shape, raw.options());
   auto S = at::empty(shape, raw.options().dtype(at::kDouble));
   auto wide = at::empty({batch, 2, heads}, raw.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "scan_factors", [&] {
@@ -949,10 +960,15 @@ struct Planes {
   }
 };
 
+// Whether a 5-d tensor's last two dimensions are one contiguous plane (the strides of
+// dimensions of size 1 do not matter).
+bool contiguous_planes(const at::Tensor& t) {
+  return (t.stride(4) == 1 || t.size(4) == 1) && (t.stride(3) == t.size(4) || t.size(3) == 1);
+}
+
 void check_planes(const at::Tensor& t, const at::Tensor& x, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 5 && t.sizes() == x.sizes() &&
-                  t.scalar_type() == x.scalar_type() && t.stride(4) == 1 &&
-                  t.stride(3) == t.size(4),
+                  t.scalar_type() == x.scalar_type() && contiguous_planes(t),
               "native scan: ", name, " must be a (b, R, h, p, L) CPU tensor like x (",
               x.sizes(), ", ", x.scalar_type(), ") with contiguous (p, L) planes, got ",
               t.sizes(), " with strides ", t.strides(), ", ", t.scalar_type());
@@ -1930,6 +1946,300 @@ std::vector<at::Tensor> chunk_scan_backward(const at::Tensor& dy, const at::Tens
           dD.sum(0).to(x.scalar_type())};
 }
 
+// ---------------------------------------------------------------------------------------------
+// The SSD scan by its recurrence, for heads of 16 channels with 16 states (ssd_recurrent.py):
+//   h_t = a_t h_{t-1} + B_t (dt_t x_t)^T,   y_t = C_t^T h_t + D x_t,   a_t = exp(dt_t A).
+// A head's state (N x P values) lives in N vectors of P lanes (its channels): 16 registers of
+// 16 floats with AVX-512, so a token costs 2 N vector FMAs and no (L, L) matrix is built. For
+// short sequences of small heads (the demo's 65 tokens) this is several times faster than the
+// quadratic form, whose many small GEMMs cost more than their work (docs/results.md).
+// Layout of ssd_quadratic.py: x (b, R, h, p, L) with contiguous (p, L) planes, dt (b, R, h, L)
+// contiguous, A and D (R, h), B and C (b, R, g, n, L) with contiguous (n, L) planes; direction 0
+// (causal) runs t = 0 .. L-1, direction 1 (anti-causal) t = L-1 .. 0. One task per (sample,
+// direction, group): the group's B and C and each head's x are transposed token-major into
+// cache. The backward pass recomputes a head's states into a buffer (L N P values) and runs the
+// reverse recurrence of their gradient
+//   G_t = C_t dy_t^T + a_{t+1} G_{t+1},
+// dx_t = dt_t sum_n B_tn G_tn + D dy_t, dB_tn = <G_tn, dt_t x_t>, dC_tn = <h_tn, dy_t>,
+// dL/da_t = sum_n <G_tn, h_{t-1,n}>; the group's heads add their dB and dC terms lane by lane,
+// one horizontal sum per (token, state) follows. Each task writes its own outputs, so results do
+// not depend on the thread count.
+
+// P lanes of T as one GCC / Clang vector (several registers where P T is wider than one).
+template <typename T, int P>
+struct Lanes {
+  typedef T V __attribute__((vector_size(P * sizeof(T))));
+};
+
+template <typename V, typename T>
+inline V load_lanes(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+template <typename V, typename T>
+inline void store_lanes(T* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+template <typename T, int P, typename V>
+inline T lane_sum(const V& v) {
+  T s = v[0];
+  for (int i = 1; i < P; ++i) s += v[i];
+  return s;
+}
+
+constexpr int REC_STATE = 16, REC_CHANNELS = 16;
+
+struct RecurrentShape {
+  int64_t batch, dirs, heads, groups, length;
+  int64_t per_group() const { return heads / groups; }
+  int64_t tasks() const { return batch * dirs * groups; }
+};
+
+template <typename T>
+struct RecurrentInputs {
+  const T *x, *dt, *A, *B, *C, *D;  // D may be null
+  Planes px, pb, pc;
+};
+
+// The per-thread buffers of one task: the group's B and C token-major (L x N), a head's x, its
+// output or gradients token-major (L x P), its decays (L).
+template <typename T, int N, int P>
+struct RecurrentBuffers {
+  std::vector<T> bt, ct, xt, ot, decay;
+  explicit RecurrentBuffers(int64_t L)
+      : bt(L * N), ct(L * N), xt(L * P), ot(L * P), decay(L) {}
+};
+
+// Loads the task's group operands and returns the first head's index; `task` in (b, R, g) order.
+template <typename T, int N, int P>
+int64_t load_group(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t task,
+                   RecurrentBuffers<T, N, P>& buf) {
+  const int64_t L = d.length, plane = task / d.groups, g = task % d.groups;
+  const int64_t unit = plane * d.groups + g;  // (b, R, g) plane of B and C
+  transpose_tiles(in.B + in.pb.offset(unit), L, buf.bt.data(), int64_t(N), L, int64_t(N));
+  transpose_tiles(in.C + in.pc.offset(unit), L, buf.ct.data(), int64_t(N), L, int64_t(N));
+  return plane * d.heads + g * d.per_group();
+}
+
+// A head's x token-major into buf.xt and its decays into buf.decay; returns its (b, R, h) index.
+template <typename T, int N, int P>
+void load_head(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t unit, T Ah,
+               RecurrentBuffers<T, N, P>& buf) {
+  const int64_t L = d.length;
+  transpose_tiles(in.x + in.px.offset(unit), L, buf.xt.data(), int64_t(P), L, int64_t(P));
+  const T* dt = in.dt + unit * L;
+  for (int64_t t = 0; t < L; ++t) buf.decay[t] = exp_inline<T>(dt[t] * Ah);
+}
+
+template <typename T, int N, int P>
+void recurrent_forward_kernel(const RecurrentInputs<T>& in, const RecurrentShape& d, T* y) {
+  using V = typename Lanes<T, P>::V;
+  const int64_t L = d.length;
+  at::parallel_for(0, d.tasks(), 1, [&](int64_t begin, int64_t end) {
+    RecurrentBuffers<T, N, P> buf(L);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t first = load_group(in, d, task, buf);
+      const int64_t r = (task / d.groups) % d.dirs;
+      for (int64_t unit = first; unit < first + d.per_group(); ++unit) {
+        const int64_t h = unit % d.heads;
+        const T Ah = in.A[r * d.heads + h], Dh = in.D ? in.D[r * d.heads + h] : T(0);
+        load_head(in, d, unit, Ah, buf);
+        const T* dt = in.dt + unit * L;
+        V state[N];
+        for (int n = 0; n < N; ++n) state[n] = V{};
+        for (int64_t s = 0; s < L; ++s) {
+          const int64_t t = r == 0 ? s : L - 1 - s;
+          const T a = buf.decay[t];
+          const V xv = load_lanes<V>(&buf.xt[t * P]);
+          const V xd = xv * dt[t];
+          const T* bn = &buf.bt[t * N];
+          const T* cn = &buf.ct[t * N];
+          V yv = xv * Dh;
+#pragma GCC unroll 16
+          for (int n = 0; n < N; ++n) {
+            state[n] = state[n] * a + xd * bn[n];
+            yv += state[n] * cn[n];
+          }
+          store_lanes(&buf.ot[t * P], yv);
+        }
+        transpose_tiles(buf.ot.data(), int64_t(P), y + unit * P * L, L, int64_t(P), L);
+      }
+    }
+  });
+}
+
+template <typename T>
+struct RecurrentGrads {
+  T *dx, *ddt, *dB, *dC;
+  double *dA, *dD;  // (b, R, h) parts, summed over the batch by the caller
+};
+
+template <typename T, int N, int P>
+void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShape& d,
+                               const T* dy, const Planes& pdy, const RecurrentGrads<T>& g) {
+  using V = typename Lanes<T, P>::V;
+  const int64_t L = d.length;
+  at::parallel_for(0, d.tasks(), 1, [&](int64_t begin, int64_t end) {
+    RecurrentBuffers<T, N, P> buf(L);
+    // dy token-major, the group's dB / dC lane sums, a head's states in processing order
+    std::vector<T> dyt(L * P), accB(L * N * P), accC(L * N * P), red(L * N), states(L * N * P);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t first = load_group(in, d, task, buf);
+      const int64_t r = (task / d.groups) % d.dirs;
+      std::fill(accB.begin(), accB.end(), T(0));
+      std::fill(accC.begin(), accC.end(), T(0));
+      for (int64_t unit = first; unit < first + d.per_group(); ++unit) {
+        const int64_t h = unit % d.heads;
+        const T Ah = in.A[r * d.heads + h], Dh = in.D ? in.D[r * d.heads + h] : T(0);
+        load_head(in, d, unit, Ah, buf);
+        transpose_tiles(dy + pdy.offset(unit), L, dyt.data(), int64_t(P), L, int64_t(P));
+        const T* dt = in.dt + unit * L;
+        double dD = 0;
+        {  // the states again, in order, kept; dC
+          V state[N];
+          for (int n = 0; n < N; ++n) state[n] = V{};
+          for (int64_t s = 0; s < L; ++s) {
+            const int64_t t = r == 0 ? s : L - 1 - s;
+            const T a = buf.decay[t];
+            const V xv = load_lanes<V>(&buf.xt[t * P]);
+            const V xd = xv * dt[t];
+            const V dyv = load_lanes<V>(&dyt[t * P]);
+            const T* bn = &buf.bt[t * N];
+            T* ac = &accC[t * N * P];
+            T* kept = &states[s * N * P];
+#pragma GCC unroll 16
+            for (int n = 0; n < N; ++n) {
+              state[n] = state[n] * a + xd * bn[n];
+              store_lanes(kept + n * P, state[n]);
+              store_lanes(ac + n * P, load_lanes<V>(ac + n * P) + state[n] * dyv);
+            }
+            dD += double(lane_sum<T, P>(xv * dyv));
+          }
+        }
+        // the states' gradients in reverse order: dB, dx, ddt and dL/da_t = sum_n <G_tn,
+        // h_{t-1,n}> (the states before the token)
+        V grad[N];
+        for (int n = 0; n < N; ++n) grad[n] = V{};
+        T a_next = 0;
+        double dA = 0;
+        T* ddt = g.ddt + unit * L;
+        for (int64_t s = L - 1; s >= 0; --s) {
+          const int64_t t = r == 0 ? s : L - 1 - s;
+          const V dyv = load_lanes<V>(&dyt[t * P]);
+          const V xv = load_lanes<V>(&buf.xt[t * P]);
+          const V xd = xv * dt[t];
+          const T* bn = &buf.bt[t * N];
+          const T* cn = &buf.ct[t * N];
+          T* ab = &accB[t * N * P];
+          V v = V{}, q = V{};
+#pragma GCC unroll 16
+          for (int n = 0; n < N; ++n) {
+            grad[n] = grad[n] * a_next + dyv * cn[n];
+            v += grad[n] * bn[n];
+            store_lanes(ab + n * P, load_lanes<V>(ab + n * P) + grad[n] * xd);
+          }
+          if (s > 0) {
+            const T* before = &states[(s - 1) * N * P];
+#pragma GCC unroll 16
+            for (int n = 0; n < N; ++n) q += grad[n] * load_lanes<V>(before + n * P);
+          }
+          store_lanes(&buf.ot[t * P], v * dt[t] + dyv * Dh);
+          const T a = buf.decay[t], da = lane_sum<T, P>(q);
+          ddt[t] = lane_sum<T, P>(v * xv) + Ah * a * da;
+          dA += double(dt[t]) * double(a) * double(da);
+          a_next = a;
+        }
+        transpose_tiles(buf.ot.data(), int64_t(P), g.dx + unit * P * L, L, int64_t(P), L);
+        g.dA[unit] = dA;
+        g.dD[unit] = dD;
+      }
+      // the group's dB and dC: lane sums token-major, then one transpose into (n, L)
+      for (auto [acc, out] : {std::pair<const T*, T*>{accB.data(), g.dB},
+                              std::pair<const T*, T*>{accC.data(), g.dC}}) {
+        for (int64_t i = 0; i < L * N; ++i) red[i] = lane_sum<T, P>(load_lanes<V>(acc + i * P));
+        transpose_tiles(red.data(), int64_t(N), out + task * N * L, L, int64_t(N), L);
+      }
+    }
+  });
+}
+
+RecurrentShape recurrent_shape(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                               const at::Tensor& B, const at::Tensor& C,
+                               const std::optional<at::Tensor>& D) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 5 &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
+              "recurrent scan: x must be a float32 or float64 (b, R, h, p, L) CPU tensor, got ",
+              x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(x.size(3) == REC_CHANNELS && B.dim() == 5 && B.size(3) == REC_STATE,
+              "recurrent scan: heads of ", REC_CHANNELS, " channels with ", REC_STATE,
+              " states only, got x ", x.sizes(), " and B ", B.sizes());
+  check_planes(x, x, "x");
+  const RecurrentShape d{x.size(0), x.size(1), x.size(2), B.size(2), x.size(4)};
+  TORCH_CHECK(d.dirs == 1 || d.dirs == 2, "recurrent scan: 1 or 2 directions, got ", d.dirs);
+  TORCH_CHECK(d.groups >= 1 && d.heads % d.groups == 0,
+              "recurrent scan: the heads (", d.heads, ") must split into the groups (", d.groups,
+              ")");
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{B, "B"}, {C, "C"}})
+    TORCH_CHECK(t.sizes() == at::IntArrayRef({d.batch, d.dirs, d.groups, REC_STATE, d.length}) &&
+                    t.scalar_type() == x.scalar_type() && contiguous_planes(t),
+                "recurrent scan: ", name, " must be (", d.batch, ", ", d.dirs, ", ", d.groups,
+                ", ", REC_STATE, ", ", d.length, ") of x's dtype with contiguous (n, L) planes, "
+                "got ", t.sizes(), " with strides ", t.strides(), ", ", t.scalar_type());
+  check_tokens(dt, x, "dt");
+  for (const at::Tensor* t : {&A, D ? &*D : nullptr}) {
+    if (t == nullptr) continue;
+    TORCH_CHECK(t->sizes() == at::IntArrayRef({d.dirs, d.heads}) && t->is_contiguous() &&
+                    t->scalar_type() == x.scalar_type(),
+                "recurrent scan: A and D must be contiguous (", d.dirs, ", ", d.heads,
+                ") tensors of x's dtype, got ", t->sizes(), " ", t->scalar_type());
+  }
+  return d;
+}
+
+template <typename T>
+RecurrentInputs<T> recurrent_inputs(const at::Tensor& x, const at::Tensor& dt,
+                                    const at::Tensor& A, const at::Tensor& B,
+                                    const at::Tensor& C, const std::optional<at::Tensor>& D) {
+  return {x.data_ptr<T>(), dt.data_ptr<T>(), A.data_ptr<T>(), B.data_ptr<T>(), C.data_ptr<T>(),
+          D ? D->data_ptr<T>() : nullptr, Planes(x), Planes(B), Planes(C)};
+}
+
+at::Tensor recurrent_scan_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                                  const at::Tensor& B, const at::Tensor& C,
+                                  const std::optional<at::Tensor>& D) {
+  const RecurrentShape d = recurrent_shape(x, dt, A, B, C, D);
+  auto y = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "recurrent_scan_forward", [&] {
+    recurrent_forward_kernel<scalar_t, REC_STATE, REC_CHANNELS>(
+        recurrent_inputs<scalar_t>(x, dt, A, B, C, D), d, y.data_ptr<scalar_t>());
+  });
+  return y;
+}
+
+std::vector<at::Tensor> recurrent_scan_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& dt, const at::Tensor& A,
+                                                const at::Tensor& B, const at::Tensor& C,
+                                                const std::optional<at::Tensor>& D) {
+  const RecurrentShape d = recurrent_shape(x, dt, A, B, C, D);
+  check_planes(dy, x, "dy");
+  auto dx = at::empty(x.sizes(), x.options()), ddt = at::empty(dt.sizes(), dt.options());
+  auto dB = at::empty(B.sizes(), B.options()), dC = at::empty(C.sizes(), C.options());
+  auto wide = x.options().dtype(at::kDouble);
+  auto dA = at::empty({d.batch, d.dirs, d.heads}, wide), dD = at::empty_like(dA);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "recurrent_scan_backward", [&] {
+    RecurrentGrads<scalar_t> g{dx.data_ptr<scalar_t>(), ddt.data_ptr<scalar_t>(),
+                               dB.data_ptr<scalar_t>(), dC.data_ptr<scalar_t>(),
+                               dA.data_ptr<double>(), dD.data_ptr<double>()};
+    recurrent_backward_kernel<scalar_t, REC_STATE, REC_CHANNELS>(
+        recurrent_inputs<scalar_t>(x, dt, A, B, C, D), d, dy.data_ptr<scalar_t>(), Planes(dy),
+        g);
+  });
+  return {dx, ddt, dA.sum(0).to(x.scalar_type()), dB, dC, dD.sum(0).to(x.scalar_type())};
+}
+
 // How many threads at::parallel_for spreads `items` work items over. at::parallel_for is a header
 // template: in a file compiled without OpenMP it runs every loop on the calling thread, so this
 // tells whether the kernels above really run in parallel.
@@ -1960,7 +2270,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
   m.def("scan_factors", &scan_factors,
         "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
-        "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range");
+        "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range "
+        "([dt] alone unless factors)");
   m.def("scale_tokens", &scale_tokens,
         "x (b, R, h, p, L) times the per-token s (b, R, h, L), broadcast over p");
   m.def("scan_output", &scan_output, "ys * row + x * diag (per-token row and diag)");
@@ -1983,6 +2294,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x, dt, A, B, C, D and the chunk length");
   m.def("chunk_scan_backward", &chunk_scan_backward,
         "gradients of chunk_scan_forward for dy from its states: [dx, ddt, dA, dB, dC, dD]");
+  m.def("recurrent_scan_forward", &recurrent_scan_forward,
+        "the SSD scan by its recurrence, heads of 16 channels with 16 states: y (b, R, h, p, L) "
+        "of x, dt, A, B, C, D in the layout of ssd_quadratic.py");
+  m.def("recurrent_scan_backward", &recurrent_scan_backward,
+        "gradients of recurrent_scan_forward for dy: [dx, ddt, dA, dB, dC, dD]");
   m.def("set_state_piece_bytes", &set_state_piece_bytes,
         "the largest piece of the chunk scan's kept states in bytes; returns the previous");
   m.def("blas_found", &blas_found, "whether the BLAS GEMMs were found in libtorch_cpu");
