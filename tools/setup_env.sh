@@ -11,7 +11,7 @@
 #   VENV            where the virtualenv lives                (default: ./.venv)
 #   MMDM_CACHE      where the compiled mmcv wheel is cached   (default: ~/.cache/mmdinomamba)
 #
-# The mmcv wheel (the only slow step, 7.5-16 min on 2 cores) is cached under MMDM_CACHE keyed by
+# The mmcv wheel (the only slow step, 7.5-19 min on 2 cores) is cached under MMDM_CACHE keyed by
 # the Python, torch and mmcv versions, so a later run re-uses it; without a cache it is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +59,7 @@ pip_run install -q onedl-mmengine==0.10.12 ninja wheel "setuptools<81"
 if ! "$VENV/bin/python" -c 'from mmcv.ops import nms, RoIAlign' 2>/dev/null; then
   wheel_dir="$CACHE/wheels/mmcv-$MMCV-torch$TORCH-$PYV-$(uname -m)"
   if ! ls "$wheel_dir"/*.whl >/dev/null 2>&1; then
-    log "step 3/5: compiling onedl-mmcv==$MMCV (7.5-16 minutes on 2 cores) -> $wheel_dir"
+    log "step 3/5: compiling onedl-mmcv==$MMCV (7.5-19 minutes on 2 cores) -> $wheel_dir"
     tmp=$(mktemp -d)
     cat > "$tmp/cxx20" <<'WRAP'
 #!/usr/bin/env bash

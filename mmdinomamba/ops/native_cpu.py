@@ -61,8 +61,10 @@ SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
 #: -ffast-math lets g++ vectorize exp (glibc's vector math library); the kernels hold no
 #: NaN / infinity tests that it could remove. -fopenmp: ``at::parallel_for`` is a header
 #: template that runs its loop on torch's OpenMP threads only when the including file is compiled
-#: with OpenMP; without it every kernel runs on one thread.
-CFLAGS = ('-O3', '-march=native', '-ffast-math', '-fopenmp')
+#: with OpenMP; without it every kernel runs on one thread. -mprefer-vector-width=512: g++ tunes
+#: Intel's AVX-512 cores for 256-bit vectors in the loops it vectorizes itself; with 512 the conv +
+#: SiLU kernels ran 1.3x faster on a Cascade Lake Xeon (no effect where there is no AVX-512).
+CFLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-ffast-math', '-fopenmp')
 #: linked against the OpenMP runtime by its soname (libgomp.so.1): the process already holds
 #: torch's copy, so the kernels share torch's thread pool and its thread count
 LDFLAGS = ('-fopenmp', )

@@ -33,8 +33,9 @@ def make_inputs(length, groups=1, heads=4, batch=2, with_d=True, strong=False, s
     return [x, dt, A, B, C, rnd(heads) if with_d else None]
 
 
-CASES = [(1, 1, False), (17, 1, False), (65, 2, True), (65, 1, False), (197, 4, True),
-         (300, 2, False)]
+# lengths of one block of the backward pass (4), one token over (5), several, and a multiple
+CASES = [(1, 1, False), (4, 1, True), (5, 2, False), (17, 1, False), (65, 2, True), (65, 1, False),
+         (197, 4, True), (300, 2, False)]
 
 
 @pytest.mark.parametrize('length,groups,strong', CASES)

@@ -31,12 +31,37 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace {
+
+// Work buffers aligned to a cache line: the kernels load and store whole vectors of 16 floats
+// (64 bytes) from them, and an unaligned one (malloc's blocks are 16-byte aligned) splits every
+// such access over two cache lines, which costs Intel cores far more than AMD ones.
+constexpr std::size_t CACHE_LINE = 64;
+
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(CACHE_LINE)));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(CACHE_LINE)); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+
+template <typename T>
+using Buffer = std::vector<T, CacheLineAllocator<T>>;
 
 // ---------------------------------------------------------------------------------------------
 // Tile transposes between the token-major projections (b, L, C) and the channel-major layout
@@ -295,7 +320,7 @@ void forward_kernel(Tokens<const T> x, const T* weight, const T* bias, T* act, i
   const int64_t padded = length + 2 * (K - 1);
   const int64_t blocks = (channels + W - 1) / W;
   at::parallel_for(0, batch * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> xt(padded * W, T(0)), out(2 * length * W);  // xt's padding stays zero
+    Buffer<T> xt(padded * W, T(0)), out(2 * length * W);  // xt's padding stays zero
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / blocks, c0 = (item % blocks) * W;
       const int64_t nc = std::min(W, channels - c0);
@@ -351,8 +376,8 @@ void backward_kernel(Tokens<const T> x, const T* weight, const T* bias, ChannelP
   // blocks of channels in parallel: each thread owns its channels' filter gradients, summed
   // sample by sample and token by token (lane i: channel c0 + i)
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> xt(padded * W, T(0)), da(2 * length * W, T(0));
-    std::vector<T> g(2 * padded * W, T(0));  // d(pre) of both directions, padded like xt
+    Buffer<T> xt(padded * W, T(0)), da(2 * length * W, T(0));
+    Buffer<T> g(2 * padded * W, T(0));  // d(pre) of both directions, padded like xt
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t c0 = blk * W, nc = std::min(W, channels - c0);
       const BlockFilters<K, T> f(weight, bias, channels, c0, nc);
@@ -510,8 +535,8 @@ constexpr int64_t MERGE_TOKENS = 16;
 
 // The halved norm weights w / 2 (2, d), as both passes use them.
 template <typename T>
-std::vector<T> half_weights(const T* w, int64_t d) {
-  std::vector<T> h(2 * d);
+Buffer<T> half_weights(const T* w, int64_t d) {
+  Buffer<T> h(2 * d);
   for (int64_t c = 0; c < 2 * d; ++c) h[c] = T(0.5) * w[c];
   return h;
 }
@@ -539,9 +564,9 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
                           int64_t batch, int64_t d, int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
   const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
-  const std::vector<T> wh = half_weights(w, d);
+  const Buffer<T> wh = half_weights(w, d);
   at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> ys(2 * MERGE_TOKENS * d), gate(d);
+    Buffer<T> ys(2 * MERGE_TOKENS * d), gate(d);
     const T* w0 = wh.data();
     const T* w1 = w0 + d;
     for (int64_t item = begin; item < end; ++item) {
@@ -584,10 +609,10 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
                            int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
   const int64_t tiles = (length + MERGE_TOKENS - 1) / MERGE_TOKENS;
-  const std::vector<T> wh = half_weights(w, d);
+  const Buffer<T> wh = half_weights(w, d);
   at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
     // the tile's y and dy (token-major), and one token's exp(-z)
-    std::vector<T> ys(2 * MERGE_TOKENS * d), dys(2 * MERGE_TOKENS * d), es(d);
+    Buffer<T> ys(2 * MERGE_TOKENS * d), dys(2 * MERGE_TOKENS * d), es(d);
     const T* w0 = wh.data();
     const T* w1 = w0 + d;
     for (int64_t item = begin; item < end; ++item) {
@@ -764,7 +789,7 @@ void wide_grads_kernel(const T* dW, const T* hi, const T* t, const T* cbs, const
     if (n == 0 || index[n] != index[n - 1]) runs.push_back(n);
   runs.push_back(heads);
   at::parallel_for(0, static_cast<int64_t>(runs.size()) - 1, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> col(length);
+    Buffer<T> col(length);
     for (int64_t run = begin; run < end; ++run) {
       for (int64_t n = runs[run]; n < runs[run + 1]; ++n) {
         const T* h = hi + n * length;
@@ -1336,7 +1361,7 @@ template <typename T>
 void rms_backward_kernel(const T* g, const T* x, const T* rstd, const T* w, T* dx, T* dw,
                          int64_t rows, int64_t c) {
   const int64_t chunks = (rows + RMS_ROWS - 1) / RMS_ROWS;
-  std::vector<T> partial(w != nullptr ? chunks * c : 0, T(0));
+  Buffer<T> partial(w != nullptr ? chunks * c : 0, T(0));
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       T* pw = w != nullptr ? partial.data() + k * c : nullptr;
@@ -1581,8 +1606,8 @@ void chunk_scan_forward_kernel(const ScanTensors<T>& in, const ScanShape& d, T* 
   const int64_t ldx = h * p, ldbc = d.groups * n;
   at::parallel_for(0, d.units(), 1, [&](int64_t begin, int64_t end) {
     const int64_t cols_max = (d.per_group() + d.slices - 1) / d.slices * p;
-    std::vector<double> s(cols_max / p * Q);
-    std::vector<T> dtc(s.size()), cb(Q * Q), W(Q * Q), H(n * cols_max), xs(Q * cols_max);
+    Buffer<double> s(cols_max / p * Q);
+    Buffer<T> dtc(s.size()), cb(Q * Q), W(Q * Q), H(n * cols_max), xs(Q * cols_max);
     for (int64_t u = begin; u < end; ++u) {
       const ScanUnit w(d, u);
       const int64_t nh = w.heads(), cols = nh * p;
@@ -1656,9 +1681,9 @@ void chunk_scan_backward_kernel(const ScanTensors<T>& in, const ScanShape& d, co
   const int64_t ldx = h * p, ldbc = d.groups * n;
   at::parallel_for(0, d.units(), 1, [&](int64_t begin, int64_t end) {
     const int64_t nh_max = (d.per_group() + d.slices - 1) / d.slices, cols_max = nh_max * p;
-    std::vector<double> s(nh_max * Q), da(nh_max * Q), dsi(nh_max * Q), cs(nh_max * Q),
+    Buffer<double> s(nh_max * Q), da(nh_max * Q), dsi(nh_max * Q), cs(nh_max * Q),
         ddt(nh_max * Q), strad(Q), ds_last(nh_max);
-    std::vector<T> dtc(nh_max * Q), cb(Q * Q), W(Q * Q), E(Q * Q), dW(Q * Q), dcb(Q * Q), M(Q * n),
+    Buffer<T> dtc(nh_max * Q), cb(Q * Q), W(Q * Q), E(Q * Q), dW(Q * Q), dcb(Q * Q), M(Q * n),
         dCl(Q * n), dBl(Q * n), dHn(n * cols_max), dHl(n * cols_max), dys(Q * cols_max),
         Mb(Q * cols_max), xs(Q * cols_max);
     for (int64_t u = begin; u < end; ++u) {
@@ -1957,13 +1982,16 @@ std::vector<at::Tensor> chunk_scan_backward(const at::Tensor& dy, const at::Tens
 // contiguous, A and D (R, h), B and C (b, R, g, n, L) with contiguous (n, L) planes; direction 0
 // (causal) runs t = 0 .. L-1, direction 1 (anti-causal) t = L-1 .. 0. One task per (sample,
 // direction, group): the group's B and C and each head's x are transposed token-major into
-// cache. The backward pass recomputes a head's states into a buffer (L N P values) and runs the
-// reverse recurrence of their gradient
+// cache. The backward pass runs the reverse recurrence of the states' gradient
 //   G_t = C_t dy_t^T + a_{t+1} G_{t+1},
 // dx_t = dt_t sum_n B_tn G_tn + D dy_t, dB_tn = <G_tn, dt_t x_t>, dC_tn = <h_tn, dy_t>,
-// dL/da_t = sum_n <G_tn, h_{t-1,n}>; the group's heads add their dB and dC terms lane by lane,
-// one horizontal sum per (token, state) follows. Each task writes its own outputs, so results do
-// not depend on the thread count.
+// dL/da_t = sum_n <G_tn, h_{t-1,n}>, in blocks of REC_BLOCK tokens taken in reverse: a first
+// pass in order keeps each head's state where a block starts, and each block recomputes its
+// heads' states from there into cache; the group's heads add their dB and dC terms lane by lane
+// in a block-sized buffer, one horizontal sum per (token, state) follows. So the pass touches
+// L1-sized buffers only (keeping every token's state and terms, 3 L N P values a head, ran
+// 2-2.5x slower on an Intel Xeon, whose L2 bandwidth bound it). Each task writes its own
+// outputs, so results do not depend on the thread count.
 
 // P lanes of T as one GCC / Clang vector (several registers where P T is wider than one).
 template <typename T, int P>
@@ -1983,11 +2011,32 @@ inline void store_lanes(T* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// The sum of a vector's lanes (a reduction instruction sequence where there is one: GCC turns
+// the plain loop into one scalar addition per lane).
 template <typename T, int P, typename V>
 inline T lane_sum(const V& v) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && P == 16) {
+    __m512 r;
+    std::memcpy(&r, &v, sizeof r);
+    return _mm512_reduce_add_ps(r);
+  }
+#endif
   T s = v[0];
   for (int i = 1; i < P; ++i) s += v[i];
   return s;
+}
+
+// red[n] = sum_p acc[n P + p]: the lane sums of one tile of N x P values, transposed in cache
+// and its rows added as vectors.
+template <typename T, int N, int P>
+inline void tile_lane_sums(const T* acc, T* red) {
+  using V = typename Lanes<T, N>::V;
+  alignas(CACHE_LINE) T tile[P * N];
+  transpose_tiles(acc, int64_t(P), tile, int64_t(N), int64_t(P), int64_t(N));
+  V sum = load_lanes<V>(tile);
+  for (int p = 1; p < P; ++p) sum += load_lanes<V>(tile + p * N);
+  store_lanes(red, sum);
 }
 
 constexpr int REC_STATE = 16, REC_CHANNELS = 16;
@@ -2008,7 +2057,7 @@ struct RecurrentInputs {
 // output or gradients token-major (L x P), its decays (L).
 template <typename T, int N, int P>
 struct RecurrentBuffers {
-  std::vector<T> bt, ct, xt, ot, decay;
+  Buffer<T> bt, ct, xt, ot, decay;
   explicit RecurrentBuffers(int64_t L)
       : bt(L * N), ct(L * N), xt(L * P), ot(L * P), decay(L) {}
 };
@@ -2077,91 +2126,141 @@ struct RecurrentGrads {
   double *dA, *dD;  // (b, R, h) parts, summed over the batch by the caller
 };
 
+// Tokens per block of the backward pass: the block's dB / dC sums and states stay in L1.
+constexpr int64_t REC_BLOCK = 4;
+
 template <typename T, int N, int P>
 void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShape& d,
                                const T* dy, const Planes& pdy, const RecurrentGrads<T>& g) {
   using V = typename Lanes<T, P>::V;
-  const int64_t L = d.length;
+  constexpr int64_t TILE = N * P, Q = REC_BLOCK;
+  const int64_t L = d.length, H = d.per_group(), blocks = (L + Q - 1) / Q;
   at::parallel_for(0, d.tasks(), 1, [&](int64_t begin, int64_t end) {
     RecurrentBuffers<T, N, P> buf(L);
-    // dy token-major, the group's dB / dC lane sums, a head's states in processing order
-    std::vector<T> dyt(L * P), accB(L * N * P), accC(L * N * P), red(L * N), states(L * N * P);
+    // every head's x, dy, dx (token-major) and decays; each head's state at the start of every
+    // block (in processing order) and its state gradient between blocks; one block's states of
+    // a head and the group's dB / dC terms of its tokens, lane by lane; their lane sums
+    Buffer<T> xs(H * L * P), dys(H * L * P), dxs(H * L * P), decays(H * L);
+    Buffer<T> starts(H * blocks * TILE), grads(H * TILE), block(Q * TILE);
+    Buffer<T> accB(Q * TILE), accC(Q * TILE), redB(L * N), redC(L * N);
+    std::vector<T> a_next(H);
+    std::vector<double> dA(H), dD(H);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t first = load_group(in, d, task, buf);
       const int64_t r = (task / d.groups) % d.dirs;
-      std::fill(accB.begin(), accB.end(), T(0));
-      std::fill(accC.begin(), accC.end(), T(0));
-      for (int64_t unit = first; unit < first + d.per_group(); ++unit) {
-        const int64_t h = unit % d.heads;
-        const T Ah = in.A[r * d.heads + h], Dh = in.D ? in.D[r * d.heads + h] : T(0);
-        load_head(in, d, unit, Ah, buf);
-        transpose_tiles(dy + pdy.offset(unit), L, dyt.data(), int64_t(P), L, int64_t(P));
+      const auto token = [&](int64_t s) { return r == 0 ? s : L - 1 - s; };
+      // pass 1, in order: each head's states at the blocks' starts, and dD
+      for (int64_t j = 0; j < H; ++j) {
+        const int64_t unit = first + j, h = unit % d.heads;
+        T* xt = &xs[j * L * P];
+        T* dyt = &dys[j * L * P];
+        transpose_tiles(in.x + in.px.offset(unit), L, xt, int64_t(P), L, int64_t(P));
+        transpose_tiles(dy + pdy.offset(unit), L, dyt, int64_t(P), L, int64_t(P));
+        const T Ah = in.A[r * d.heads + h];
         const T* dt = in.dt + unit * L;
-        double dD = 0;
-        {  // the states again, in order, kept; dC
-          V state[N];
-          for (int n = 0; n < N; ++n) state[n] = V{};
-          for (int64_t s = 0; s < L; ++s) {
-            const int64_t t = r == 0 ? s : L - 1 - s;
-            const T a = buf.decay[t];
-            const V xv = load_lanes<V>(&buf.xt[t * P]);
-            const V xd = xv * dt[t];
-            const V dyv = load_lanes<V>(&dyt[t * P]);
-            const T* bn = &buf.bt[t * N];
-            T* ac = &accC[t * N * P];
-            T* kept = &states[s * N * P];
-#pragma GCC unroll 16
-            for (int n = 0; n < N; ++n) {
-              state[n] = state[n] * a + xd * bn[n];
-              store_lanes(kept + n * P, state[n]);
-              store_lanes(ac + n * P, load_lanes<V>(ac + n * P) + state[n] * dyv);
-            }
-            dD += double(lane_sum<T, P>(xv * dyv));
+        for (int64_t t = 0; t < L; ++t) decays[j * L + t] = exp_inline<T>(dt[t] * Ah);
+        V state[N];
+        for (int n = 0; n < N; ++n) state[n] = V{};
+        double dDh = 0;
+        for (int64_t s = 0; s < L; ++s) {
+          if (s % Q == 0) {
+            T* start = &starts[(j * blocks + s / Q) * TILE];
+            for (int n = 0; n < N; ++n) store_lanes(start + n * P, state[n]);
           }
-        }
-        // the states' gradients in reverse order: dB, dx, ddt and dL/da_t = sum_n <G_tn,
-        // h_{t-1,n}> (the states before the token)
-        V grad[N];
-        for (int n = 0; n < N; ++n) grad[n] = V{};
-        T a_next = 0;
-        double dA = 0;
-        T* ddt = g.ddt + unit * L;
-        for (int64_t s = L - 1; s >= 0; --s) {
-          const int64_t t = r == 0 ? s : L - 1 - s;
-          const V dyv = load_lanes<V>(&dyt[t * P]);
-          const V xv = load_lanes<V>(&buf.xt[t * P]);
+          const int64_t t = token(s);
+          const T a = decays[j * L + t];
+          const V xv = load_lanes<V>(xt + t * P);
           const V xd = xv * dt[t];
           const T* bn = &buf.bt[t * N];
-          const T* cn = &buf.ct[t * N];
-          T* ab = &accB[t * N * P];
-          V v = V{}, q = V{};
 #pragma GCC unroll 16
-          for (int n = 0; n < N; ++n) {
-            grad[n] = grad[n] * a_next + dyv * cn[n];
-            v += grad[n] * bn[n];
-            store_lanes(ab + n * P, load_lanes<V>(ab + n * P) + grad[n] * xd);
-          }
-          if (s > 0) {
-            const T* before = &states[(s - 1) * N * P];
-#pragma GCC unroll 16
-            for (int n = 0; n < N; ++n) q += grad[n] * load_lanes<V>(before + n * P);
-          }
-          store_lanes(&buf.ot[t * P], v * dt[t] + dyv * Dh);
-          const T a = buf.decay[t], da = lane_sum<T, P>(q);
-          ddt[t] = lane_sum<T, P>(v * xv) + Ah * a * da;
-          dA += double(dt[t]) * double(a) * double(da);
-          a_next = a;
+          for (int n = 0; n < N; ++n) state[n] = state[n] * a + xd * bn[n];
+          dDh += double(lane_sum<T, P>(xv * load_lanes<V>(dyt + t * P)));
         }
-        transpose_tiles(buf.ot.data(), int64_t(P), g.dx + unit * P * L, L, int64_t(P), L);
-        g.dA[unit] = dA;
-        g.dD[unit] = dD;
+        dD[j] = dDh;
+        dA[j] = 0;
+        a_next[j] = 0;
+        std::fill(&grads[j * TILE], &grads[(j + 1) * TILE], T(0));
       }
-      // the group's dB and dC: lane sums token-major, then one transpose into (n, L)
-      for (auto [acc, out] : {std::pair<const T*, T*>{accB.data(), g.dB},
-                              std::pair<const T*, T*>{accC.data(), g.dC}}) {
-        for (int64_t i = 0; i < L * N; ++i) red[i] = lane_sum<T, P>(load_lanes<V>(acc + i * P));
-        transpose_tiles(red.data(), int64_t(N), out + task * N * L, L, int64_t(N), L);
+      // pass 2, the blocks in reverse: per head its block's states again (dC), then the reverse
+      // recurrence of their gradient G_t (dB, dx, ddt, dL/da_t = sum_n <G_tn, h_{t-1,n}>)
+      for (int64_t k = blocks - 1; k >= 0; --k) {
+        const int64_t s0 = k * Q, s1 = std::min(L, s0 + Q);
+        std::fill(accB.begin(), accB.end(), T(0));
+        std::fill(accC.begin(), accC.end(), T(0));
+        for (int64_t j = 0; j < H; ++j) {
+          const int64_t unit = first + j, h = unit % d.heads;
+          const T Ah = in.A[r * d.heads + h], Dh = in.D ? in.D[r * d.heads + h] : T(0);
+          const T* dt = in.dt + unit * L;
+          const T* xt = &xs[j * L * P];
+          const T* dyt = &dys[j * L * P];
+          const T* start = &starts[(j * blocks + k) * TILE];
+          {
+            V state[N];
+            for (int n = 0; n < N; ++n) state[n] = load_lanes<V>(start + n * P);
+            for (int64_t s = s0; s < s1; ++s) {
+              const int64_t t = token(s);
+              const T a = decays[j * L + t];
+              const V xd = load_lanes<V>(xt + t * P) * dt[t];
+              const V dyv = load_lanes<V>(dyt + t * P);
+              const T* bn = &buf.bt[t * N];
+              T* kept = &block[(s - s0) * TILE];
+              T* ac = &accC[(s - s0) * TILE];
+#pragma GCC unroll 16
+              for (int n = 0; n < N; ++n) {
+                state[n] = state[n] * a + xd * bn[n];
+                store_lanes(kept + n * P, state[n]);
+                store_lanes(ac + n * P, load_lanes<V>(ac + n * P) + state[n] * dyv);
+              }
+            }
+          }
+          V grad[N];
+          T* gj = &grads[j * TILE];
+          for (int n = 0; n < N; ++n) grad[n] = load_lanes<V>(gj + n * P);
+          T an = a_next[j];
+          double dAh = dA[j];
+          T* ddt = g.ddt + unit * L;
+          T* dxt = &dxs[j * L * P];
+          for (int64_t s = s1 - 1; s >= s0; --s) {
+            const int64_t t = token(s);
+            const V dyv = load_lanes<V>(dyt + t * P);
+            const V xv = load_lanes<V>(xt + t * P);
+            const V xd = xv * dt[t];
+            const T* bn = &buf.bt[t * N];
+            const T* cn = &buf.ct[t * N];
+            const T* before = s > s0 ? &block[(s - 1 - s0) * TILE] : start;
+            T* ab = &accB[(s - s0) * TILE];
+            V v = V{}, q = V{};
+#pragma GCC unroll 16
+            for (int n = 0; n < N; ++n) {
+              grad[n] = grad[n] * an + dyv * cn[n];
+              v += grad[n] * bn[n];
+              q += grad[n] * load_lanes<V>(before + n * P);
+              store_lanes(ab + n * P, load_lanes<V>(ab + n * P) + grad[n] * xd);
+            }
+            store_lanes(dxt + t * P, v * dt[t] + dyv * Dh);
+            const T a = decays[j * L + t], da = lane_sum<T, P>(q);
+            ddt[t] = lane_sum<T, P>(v * xv) + Ah * a * da;
+            dAh += double(dt[t]) * double(a) * double(da);
+            an = a;
+          }
+          for (int n = 0; n < N; ++n) store_lanes(gj + n * P, grad[n]);
+          a_next[j] = an;
+          dA[j] = dAh;
+        }
+        for (int64_t s = s0; s < s1; ++s) {
+          tile_lane_sums<T, N, P>(&accB[(s - s0) * TILE], &redB[token(s) * N]);
+          tile_lane_sums<T, N, P>(&accC[(s - s0) * TILE], &redC[token(s) * N]);
+        }
       }
+      for (int64_t j = 0; j < H; ++j) {
+        const int64_t unit = first + j;
+        transpose_tiles(&dxs[j * L * P], int64_t(P), g.dx + unit * P * L, L, int64_t(P), L);
+        g.dA[unit] = dA[j];
+        g.dD[unit] = dD[j];
+      }
+      // the group's dB and dC: token-major, one transpose into (n, L)
+      transpose_tiles(redB.data(), int64_t(N), g.dB + task * N * L, L, int64_t(N), L);
+      transpose_tiles(redC.data(), int64_t(N), g.dC + task * N * L, L, int64_t(N), L);
     }
   });
 }
