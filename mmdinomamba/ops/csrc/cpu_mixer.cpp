@@ -2053,8 +2053,8 @@ struct RecurrentInputs {
   Planes px, pb, pc;
 };
 
-// The per-thread buffers of one task: the group's B and C token-major (L x N), a head's x, its
-// output or gradients token-major (L x P), its decays (L).
+// The forward pass's per-thread buffers of one task: the group's B and C token-major (L x N), a
+// head's x and output token-major (L x P), its decays (L).
 template <typename T, int N, int P>
 struct RecurrentBuffers {
   Buffer<T> bt, ct, xt, ot, decay;
@@ -2062,25 +2062,26 @@ struct RecurrentBuffers {
       : bt(L * N), ct(L * N), xt(L * P), ot(L * P), decay(L) {}
 };
 
-// Loads the task's group operands and returns the first head's index; `task` in (b, R, g) order.
-template <typename T, int N, int P>
-int64_t load_group(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t task,
-                   RecurrentBuffers<T, N, P>& buf) {
+// Loads the task's group operands token-major into bt and ct (L x N each) and returns the first
+// head's index; `task` in (b, R, g) order.
+template <typename T, int N>
+int64_t load_group(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t task, T* bt,
+                   T* ct) {
   const int64_t L = d.length, plane = task / d.groups, g = task % d.groups;
   const int64_t unit = plane * d.groups + g;  // (b, R, g) plane of B and C
-  transpose_tiles(in.B + in.pb.offset(unit), L, buf.bt.data(), int64_t(N), L, int64_t(N));
-  transpose_tiles(in.C + in.pc.offset(unit), L, buf.ct.data(), int64_t(N), L, int64_t(N));
+  transpose_tiles(in.B + in.pb.offset(unit), L, bt, int64_t(N), L, int64_t(N));
+  transpose_tiles(in.C + in.pc.offset(unit), L, ct, int64_t(N), L, int64_t(N));
   return plane * d.heads + g * d.per_group();
 }
 
-// A head's x token-major into buf.xt and its decays into buf.decay; returns its (b, R, h) index.
-template <typename T, int N, int P>
-void load_head(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t unit, T Ah,
-               RecurrentBuffers<T, N, P>& buf) {
+// The (b, R, h) head `unit`'s x token-major into xt (L x P) and its decays into decay (L).
+template <typename T, int P>
+void load_head(const RecurrentInputs<T>& in, const RecurrentShape& d, int64_t unit, T Ah, T* xt,
+               T* decay) {
   const int64_t L = d.length;
-  transpose_tiles(in.x + in.px.offset(unit), L, buf.xt.data(), int64_t(P), L, int64_t(P));
+  transpose_tiles(in.x + in.px.offset(unit), L, xt, int64_t(P), L, int64_t(P));
   const T* dt = in.dt + unit * L;
-  for (int64_t t = 0; t < L; ++t) buf.decay[t] = exp_inline<T>(dt[t] * Ah);
+  for (int64_t t = 0; t < L; ++t) decay[t] = exp_inline<T>(dt[t] * Ah);
 }
 
 template <typename T, int N, int P>
@@ -2090,12 +2091,12 @@ void recurrent_forward_kernel(const RecurrentInputs<T>& in, const RecurrentShape
   at::parallel_for(0, d.tasks(), 1, [&](int64_t begin, int64_t end) {
     RecurrentBuffers<T, N, P> buf(L);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t first = load_group(in, d, task, buf);
+      const int64_t first = load_group<T, N>(in, d, task, buf.bt.data(), buf.ct.data());
       const int64_t r = (task / d.groups) % d.dirs;
       for (int64_t unit = first; unit < first + d.per_group(); ++unit) {
         const int64_t h = unit % d.heads;
         const T Ah = in.A[r * d.heads + h], Dh = in.D ? in.D[r * d.heads + h] : T(0);
-        load_head(in, d, unit, Ah, buf);
+        load_head<T, P>(in, d, unit, Ah, buf.xt.data(), buf.decay.data());
         const T* dt = in.dt + unit * L;
         V state[N];
         for (int n = 0; n < N; ++n) state[n] = V{};
@@ -2136,29 +2137,27 @@ void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShap
   constexpr int64_t TILE = N * P, Q = REC_BLOCK;
   const int64_t L = d.length, H = d.per_group(), blocks = (L + Q - 1) / Q;
   at::parallel_for(0, d.tasks(), 1, [&](int64_t begin, int64_t end) {
-    RecurrentBuffers<T, N, P> buf(L);
-    // every head's x, dy, dx (token-major) and decays; each head's state at the start of every
-    // block (in processing order) and its state gradient between blocks; one block's states of
-    // a head and the group's dB / dC terms of its tokens, lane by lane; their lane sums
-    Buffer<T> xs(H * L * P), dys(H * L * P), dxs(H * L * P), decays(H * L);
+    // the group's B and C, every head's x, dy, dx (token-major) and decays; each head's state
+    // at the start of every block (in processing order) and its state gradient between blocks;
+    // one block's states of a head and the group's dB / dC terms of its tokens, lane by lane;
+    // their lane sums
+    Buffer<T> bt(L * N), ct(L * N), xs(H * L * P), dys(H * L * P), dxs(H * L * P), decays(H * L);
     Buffer<T> starts(H * blocks * TILE), grads(H * TILE), block(Q * TILE);
     Buffer<T> accB(Q * TILE), accC(Q * TILE), redB(L * N), redC(L * N);
     std::vector<T> a_next(H);
     std::vector<double> dA(H), dD(H);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t first = load_group(in, d, task, buf);
+      const int64_t first = load_group<T, N>(in, d, task, bt.data(), ct.data());
       const int64_t r = (task / d.groups) % d.dirs;
       const auto token = [&](int64_t s) { return r == 0 ? s : L - 1 - s; };
       // pass 1, in order: each head's states at the blocks' starts, and dD
       for (int64_t j = 0; j < H; ++j) {
         const int64_t unit = first + j, h = unit % d.heads;
-        T* xt = &xs[j * L * P];
+        const T* xt = &xs[j * L * P];
         T* dyt = &dys[j * L * P];
-        transpose_tiles(in.x + in.px.offset(unit), L, xt, int64_t(P), L, int64_t(P));
+        load_head<T, P>(in, d, unit, in.A[r * d.heads + h], &xs[j * L * P], &decays[j * L]);
         transpose_tiles(dy + pdy.offset(unit), L, dyt, int64_t(P), L, int64_t(P));
-        const T Ah = in.A[r * d.heads + h];
         const T* dt = in.dt + unit * L;
-        for (int64_t t = 0; t < L; ++t) decays[j * L + t] = exp_inline<T>(dt[t] * Ah);
         V state[N];
         for (int n = 0; n < N; ++n) state[n] = V{};
         double dDh = 0;
@@ -2171,7 +2170,7 @@ void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShap
           const T a = decays[j * L + t];
           const V xv = load_lanes<V>(xt + t * P);
           const V xd = xv * dt[t];
-          const T* bn = &buf.bt[t * N];
+          const T* bn = &bt[t * N];
 #pragma GCC unroll 16
           for (int n = 0; n < N; ++n) state[n] = state[n] * a + xd * bn[n];
           dDh += double(lane_sum<T, P>(xv * load_lanes<V>(dyt + t * P)));
@@ -2202,7 +2201,7 @@ void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShap
               const T a = decays[j * L + t];
               const V xd = load_lanes<V>(xt + t * P) * dt[t];
               const V dyv = load_lanes<V>(dyt + t * P);
-              const T* bn = &buf.bt[t * N];
+              const T* bn = &bt[t * N];
               T* kept = &block[(s - s0) * TILE];
               T* ac = &accC[(s - s0) * TILE];
 #pragma GCC unroll 16
@@ -2225,8 +2224,8 @@ void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShap
             const V dyv = load_lanes<V>(dyt + t * P);
             const V xv = load_lanes<V>(xt + t * P);
             const V xd = xv * dt[t];
-            const T* bn = &buf.bt[t * N];
-            const T* cn = &buf.ct[t * N];
+            const T* bn = &bt[t * N];
+            const T* cn = &ct[t * N];
             const T* before = s > s0 ? &block[(s - 1 - s0) * TILE] : start;
             T* ab = &accB[(s - s0) * TILE];
             V v = V{}, q = V{};
