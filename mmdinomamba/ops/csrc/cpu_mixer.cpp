@@ -1990,7 +1990,7 @@ std::vector<at::Tensor> chunk_scan_backward(const at::Tensor& dy, const at::Tens
 // heads' states from there into cache; the group's heads add their dB and dC terms lane by lane
 // in a block-sized buffer, one horizontal sum per (token, state) follows. So the pass touches
 // L1-sized buffers only (keeping every token's state and terms, 3 L N P values a head, ran
-// 2-2.5x slower on an Intel Xeon, whose L2 bandwidth bound it). Each task writes its own
+// 1.3-1.6x slower on an Intel Xeon, whose L2 bandwidth bound it). Each task writes its own
 // outputs, so results do not depend on the thread count.
 
 // P lanes of T as one GCC / Clang vector (several registers where P T is wider than one).
@@ -2153,9 +2153,9 @@ void recurrent_backward_kernel(const RecurrentInputs<T>& in, const RecurrentShap
       // pass 1, in order: each head's states at the blocks' starts, and dD
       for (int64_t j = 0; j < H; ++j) {
         const int64_t unit = first + j, h = unit % d.heads;
-        const T* xt = &xs[j * L * P];
+        T* xt = &xs[j * L * P];
         T* dyt = &dys[j * L * P];
-        load_head<T, P>(in, d, unit, in.A[r * d.heads + h], &xs[j * L * P], &decays[j * L]);
+        load_head<T, P>(in, d, unit, in.A[r * d.heads + h], xt, &decays[j * L]);
         transpose_tiles(dy + pdy.offset(unit), L, dyt, int64_t(P), L, int64_t(P));
         const T* dt = in.dt + unit * L;
         V state[N];
