@@ -119,6 +119,52 @@ def test_rounds_alternate_the_models_and_keep_each_ones_best(tmp_path, monkeypat
         tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--rounds', '0'])
 
 
+def test_interleave_takes_the_median_of_the_rounds_ratios(tmp_path, monkeypatch, capsys):
+    """--interleave 3: the models run in turn in one process, three rounds; the speed ratio is
+    the median of the rounds' ratios (the separate processes' ratio is kept beside it), memory
+    stays that of the separate processes."""
+    tool = _tool()
+    monkeypatch.setattr(tool, '_run_case', lambda args, name, res, mode: dict(
+        imgs={'vit-s': 10.0, 'dinovim-t': 4.0}[name], mem=100.0, mem_total=float('nan'),
+        params=1.0, batch=1))
+    calls = []
+
+    def fake_interleaved(args, names, res, mode):
+        calls.append((tuple(names), res, mode, args.interleave))
+        # step times (s) per round: ratios 2/4, 1/1, 3/2 -> median 1.0
+        return {'vit-s': [2.0, 1.0, 3.0], 'dinovim-t': [4.0, 1.0, 2.0]}
+
+    monkeypatch.setattr(tool, 'interleaved', fake_interleaved)
+    out = tmp_path / 'rows.json'
+    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--modes', 'fwd',
+               '--interleave', '3', '--json', str(out)])
+    assert calls == [(('vit-s', 'dinovim-t'), 32, 'fwd', 3)]
+    rows = {r['arch']: r for r in json.loads(out.read_text())}
+    d = rows['dinovim-t']
+    assert d['speed_ratio'] == 1.0 and d['speed_ratio_rounds'] == [0.5, 1.0, 1.5]
+    assert d['speed_ratio_processes'] == 0.4 and d['mem_ratio'] == 1.0
+    assert rows['vit-s']['speed_ratio'] == 1.0
+    table = capsys.readouterr().out
+    assert 'interleave=3' in table and '0.50-1.50' in table and 'median of the interleaved' in table
+    with pytest.raises(SystemExit, match='--interleave must be >= 0'):
+        tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--interleave', '-1'])
+
+
+@pytest.mark.slow
+def test_interleaved_rounds_time_every_model_in_one_process():
+    """The interleaved rounds themselves: one median step time per model and round, from
+    models set up as the separate processes set them up."""
+    tool = _tool()
+    args = tool.parse_args(['--device', 'cpu', '--batch', '1', '--iters', '2', '--warmup', '1',
+                            '--interleave', '2'])
+    times = tool.interleaved(args, ['vit-s', 'dinovim-t'], 32, 'fwd+bwd')
+    assert set(times) == {'vit-s', 'dinovim-t'}
+    assert all(len(t) == 2 and all(s > 0 for s in t) for t in times.values())
+    ratio = tool.paired_ratio(times, 'dinovim-t', 'vit-s')
+    assert ratio['speed_ratio_rounds'] == [r / t for r, t in zip(times['vit-s'],
+                                                                  times['dinovim-t'])]
+
+
 def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
     nested pieces fit inside the mixer's time and every function is restored afterwards."""

@@ -9,6 +9,10 @@ was allocated before the first step (the whole peak is printed as ``total MiB``)
 resident set size minus the resident size before the first step (each CPU case runs in its own
 process, so the peak is its own). ``--rounds N`` measures the models N times, alternating, and
 keeps each one's best img/s: on a shared machine a slow spell then cannot fall on one model only.
+Where the machine's speed drifts between processes (a 2-core cloud VM: the same model 30% apart
+an hour later), ``--interleave R`` also runs the models of each case in one process, in turn,
+``--iters`` steps each, R rounds, and takes the speed ratio as the median of the rounds' ratios;
+the table then shows their range and the separate processes' ratio beside it.
 
 Modes: ``fwd`` (inference), ``fwd+bwd``, ``train`` (plus an AdamW step) and ``dino``: the
 training step of DINO on CPU, a teacher forward (no gradients) of the batch (the global crops)
@@ -26,6 +30,8 @@ Example::
         --profile dinovim-b 224 train --trace dinovim-b.json     # where does the time go?
     python tools/analysis/benchmark.py --device cpu --batch 8 --iters 3 --keep-freed-memory \
         --breakdown dinovim-t 224 fwd+bwd      # the mixer's pieces, timed inside whole steps
+    python tools/analysis/benchmark.py --device cpu --archs dinovim-t --res 224 --batch 8 \
+        --modes fwd+bwd --iters 3 --keep-freed-memory --interleave 8   # ratio in one process
 """
 import argparse
 import json
@@ -407,12 +413,56 @@ def run(args) -> list[dict]:
                     print(f'[{n} {res}px {mode}] {json.dumps(runs[n][-1])}',
                           file=sys.stderr, flush=True)
             results = {n: best_of(r) for n, r in runs.items()}
+            paired = interleaved(args, names, res, mode) if args.interleave else None
             for n in names:
                 r, ref = results[n], results[reference_of(n, args.ref)]
-                rows.append(dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n, args.ref),
-                                 speed_ratio=r['imgs'] / ref['imgs'],
-                                 mem_ratio=r['mem'] / max(ref['mem'], 1e-9)))
+                row = dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n, args.ref),
+                           speed_ratio=r['imgs'] / ref['imgs'],
+                           mem_ratio=r['mem'] / max(ref['mem'], 1e-9))
+                if paired is not None:
+                    row['speed_ratio_processes'] = row['speed_ratio']
+                    row.update(paired_ratio(paired, n, reference_of(n, args.ref)))
+                rows.append(row)
     return rows
+
+
+def interleaved(args, names: list[str], res: int, mode: str) -> dict:
+    """``--interleave R``: every model of the case set up in this one process (as
+    :func:`measure` does, seeded) and, after ``--warmup`` steps each, ``R`` rounds in which
+    each model in turn runs ``--iters`` steps; returns each model's median step time (s) per
+    round. A slow spell of a shared machine then falls on the models of one round alike,
+    where separate processes minutes apart can see different machines."""
+    from mmdinomamba.ops import fast_path_variant
+    options, batch = build_options(args), _batch_for(args, res)
+    cases = {n: _setup(n, res, mode, batch, args.device, args.compile, options) for n in names}
+    times = {n: [] for n in names}
+    with fast_path_variant(**options['variant']):
+        for n, (model, optim, x) in cases.items():
+            for _ in range(args.warmup):
+                _step(model, x, mode, args.amp, optim)
+        _sync(args.device)
+        for _ in range(args.interleave):
+            for n, (model, optim, x) in cases.items():
+                steps = []
+                for _ in range(args.iters):
+                    start = time.perf_counter()
+                    _step(model, x, mode, args.amp, optim)
+                    _sync(args.device)
+                    steps.append(time.perf_counter() - start)
+                times[n].append(sorted(steps)[len(steps) // 2])
+    return times
+
+
+def paired_ratio(times: dict, name: str, ref: str) -> dict:
+    """From :func:`interleaved`'s step times: the speed ratio of ``name`` to ``ref`` in each
+    round (``ref``'s step time over ``name``'s), their median (``speed_ratio``, replacing the
+    ratio of the separate processes, which is kept as ``speed_ratio_processes``) and the
+    rounds' ratios (``speed_ratio_rounds``)."""
+    ratios = [r / t for r, t in zip(times[ref], times[name])]
+    ordered = sorted(ratios)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return dict(speed_ratio=median, speed_ratio_rounds=ratios)
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -428,14 +478,24 @@ def best_of(runs: list[dict]) -> dict:
 def format_table(rows: list[dict]) -> str:
     """Rows as a text table; ``peak MiB`` is the growth during the steps, ``total MiB`` (CUDA
     only) the whole peak allocation including the model and input."""
+    paired = any('speed_ratio_rounds' in r for r in rows)
     head = (f'{"arch":<13}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
-            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>10}{"speed/ref":>11}{"mem/ref":>9}')
+            f'{"peak MiB":>11}{"total MiB":>11}{"ref":>10}{"speed/ref":>11}{"mem/ref":>9}'
+            + (f'{"rounds":>13}{"processes":>11}' if paired else ''))
     lines = [head, '-' * len(head)]
     for r in rows:
-        lines.append(f'{r["arch"]:<13}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
-                     f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}'
-                     f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>10}'
-                     f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
+        line = (f'{r["arch"]:<13}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
+                f'{r["params"]:>11.2f}{r["imgs"]:>10.2f}{r["mem"]:>11.1f}'
+                f'{r.get("mem_total", float("nan")):>11.1f}{r["ref"]:>10}'
+                f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
+        if paired:
+            rounds = r.get('speed_ratio_rounds') or [float('nan')]
+            line += (f'{f"{min(rounds):.2f}-{max(rounds):.2f}":>13}'
+                     f'{r.get("speed_ratio_processes", float("nan")):>11.2f}')
+        lines.append(line)
+    if paired:
+        lines.append('speed/ref: the median of the interleaved rounds\' ratios (rounds: their '
+                     'range; processes: the ratio of the separate processes\' best img/s)')
     return '\n'.join(lines)
 
 
@@ -452,6 +512,11 @@ def parse_args(argv=None):
     parser.add_argument('--rounds', type=int, default=1,
                         help='measure the models this many times, alternating, and keep each '
                         "one's best img/s (and its highest peak memory) for the ratios")
+    parser.add_argument('--interleave', type=int, default=0, metavar='R',
+                        help='also run the models of each case in one process, each in turn '
+                        '--iters steps, R rounds, and take the speed ratio as the median of the '
+                        "rounds' ratios (trustworthy on a shared machine whose speed drifts "
+                        'between processes); peak memory stays that of the separate processes')
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
@@ -487,6 +552,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.rounds < 1:
         sys.exit(f'--rounds must be >= 1, got {args.rounds}')
+    if args.interleave < 0:
+        sys.exit(f'--interleave must be >= 0, got {args.interleave}')
+    if args.interleave and args.keep_freed_memory:  # the interleaved rounds run in this process
+        from mmdinomamba.ops import keep_freed_cpu_memory
+        keep_freed_cpu_memory()
     if args.keep_freed_memory and (args.one or args.profile or args.breakdown):
         from mmdinomamba.ops import keep_freed_cpu_memory
         keep_freed_cpu_memory()
@@ -503,7 +573,7 @@ def main(argv=None) -> None:
         return
     rows = run(args)
     print(f'device={args.device} batch={args.batch} iters={args.iters} rounds={args.rounds} '
-          f'amp={args.amp} '
+          f'interleave={args.interleave} amp={args.amp} '
           f'compile={args.compile} '
           + ''.join(f'{n}={getattr(args, n)} ' for n in FAST_PATH_SWITCHES) +
           f'with_cp={args.with_cp} keep_freed_memory={args.keep_freed_memory} '
