@@ -150,6 +150,22 @@ def test_interleave_takes_the_median_of_the_rounds_ratios(tmp_path, monkeypatch,
         tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--interleave', '-1'])
 
 
+def test_interleave_is_skipped_when_a_model_ran_out_of_memory(tmp_path, monkeypatch, capsys):
+    """A case whose separate processes ran out of memory (nan) keeps the processes' ratio and
+    says why on stderr, instead of building every model in one process."""
+    tool = _tool()
+    monkeypatch.setattr(tool, '_run_case', lambda args, name, res, mode: dict(
+        imgs={'vit-s': 10.0, 'dinovim-t': float('nan')}[name], mem=100.0,
+        mem_total=float('nan'), params=1.0, batch=1))
+    monkeypatch.setattr(tool, 'interleaved', lambda *a: pytest.fail('interleaved ran'))
+    out = tmp_path / 'rows.json'
+    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--modes', 'fwd',
+               '--interleave', '3', '--json', str(out)])
+    rows = {r['arch']: r for r in json.loads(out.read_text())}
+    assert 'speed_ratio_rounds' not in rows['dinovim-t']
+    assert '--interleave skipped: a model ran out of memory' in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_interleaved_rounds_time_every_model_in_one_process():
     """The interleaved rounds themselves: one median step time per model and round, from

@@ -413,7 +413,7 @@ def run(args) -> list[dict]:
                     print(f'[{n} {res}px {mode}] {json.dumps(runs[n][-1])}',
                           file=sys.stderr, flush=True)
             results = {n: best_of(r) for n, r in runs.items()}
-            paired = interleaved(args, names, res, mode) if args.interleave else None
+            paired = _interleaved_or_none(args, names, res, mode, results)
             for n in names:
                 r, ref = results[n], results[reference_of(n, args.ref)]
                 row = dict(arch=n, res=res, mode=mode, **r, ref=reference_of(n, args.ref),
@@ -424,6 +424,26 @@ def run(args) -> list[dict]:
                     row.update(paired_ratio(paired, n, reference_of(n, args.ref)))
                 rows.append(row)
     return rows
+
+
+def _interleaved_or_none(args, names: list[str], res: int, mode: str,
+                         results: dict) -> dict | None:
+    """:func:`interleaved` if asked for and every model ran in its own process; None (the
+    processes' ratios stand, and a line on stderr says why) when one of them, or all of them
+    together, ran out of memory."""
+    if not args.interleave:
+        return None
+    if any(r['imgs'] != r['imgs'] for r in results.values()):  # nan: out of memory
+        print(f'[{res}px {mode}] --interleave skipped: a model ran out of memory',
+              file=sys.stderr)
+        return None
+    try:
+        return interleaved(args, names, res, mode)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        print(f'[{res}px {mode}] --interleave skipped: out of memory with every model in one '
+              'process', file=sys.stderr)
+        return None
 
 
 def interleaved(args, names: list[str], res: int, mode: str) -> dict:
@@ -554,10 +574,8 @@ def main(argv=None) -> None:
         sys.exit(f'--rounds must be >= 1, got {args.rounds}')
     if args.interleave < 0:
         sys.exit(f'--interleave must be >= 0, got {args.interleave}')
-    if args.interleave and args.keep_freed_memory:  # the interleaved rounds run in this process
-        from mmdinomamba.ops import keep_freed_cpu_memory
-        keep_freed_cpu_memory()
-    if args.keep_freed_memory and (args.one or args.profile or args.breakdown):
+    # in this process: the one case measured, or the interleaved rounds
+    if args.keep_freed_memory and (args.one or args.profile or args.breakdown or args.interleave):
         from mmdinomamba.ops import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     if args.profile:
