@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -203,13 +204,7 @@ def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
     for _ in range(warmup):
         _step(model, x, mode, amp, optim)
     _sync(device)
-    times = []
-    for _ in range(iters):  # median of per-step times: robust to one slow step
-        start = time.perf_counter()
-        _step(model, x, mode, amp, optim)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    elapsed = iters * sorted(times)[len(times) // 2]
+    elapsed = iters * _median_step(model, optim, x, mode, device, iters, amp)
     total = float('nan')
     if device.startswith('cuda'):
         total = torch.cuda.max_memory_allocated() / 2**20  # with the model and input
@@ -219,6 +214,17 @@ def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
     params = sum(p.numel() for p in model.parameters()) / 1e6
     return dict(imgs=batch * iters / elapsed, mem=peak, mem_total=total, params=params,
                 batch=batch)
+
+
+def _median_step(model, optim, x, mode: str, device: str, iters: int, amp: bool) -> float:
+    """The median time (s) of ``iters`` steps: robust to one slow step."""
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        _step(model, x, mode, amp, optim)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def _single_case(args, flag: str) -> tuple:
@@ -463,13 +469,8 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
         _sync(args.device)
         for _ in range(args.interleave):
             for n, (model, optim, x) in cases.items():
-                steps = []
-                for _ in range(args.iters):
-                    start = time.perf_counter()
-                    _step(model, x, mode, args.amp, optim)
-                    _sync(args.device)
-                    steps.append(time.perf_counter() - start)
-                times[n].append(sorted(steps)[len(steps) // 2])
+                times[n].append(_median_step(model, optim, x, mode, args.device, args.iters,
+                                             args.amp))
     return times
 
 
@@ -479,10 +480,7 @@ def paired_ratio(times: dict, name: str, ref: str) -> dict:
     ratio of the separate processes, which is kept as ``speed_ratio_processes``) and the
     rounds' ratios (``speed_ratio_rounds``)."""
     ratios = [r / t for r, t in zip(times[ref], times[name])]
-    ordered = sorted(ratios)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return dict(speed_ratio=median, speed_ratio_rounds=ratios)
+    return dict(speed_ratio=statistics.median(ratios), speed_ratio_rounds=ratios)
 
 
 def best_of(runs: list[dict]) -> dict:
