@@ -26,7 +26,7 @@ from torch import Tensor
 from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
 from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
-from .variants import current_variant
+from .variants import current_variant, fast_path_variant
 
 __all__ = ['InnerDims', 'bidir_ssd_inner']
 
@@ -370,16 +370,20 @@ def _native_self_check() -> str | None:
         results = []
         # the first call may come from inside autocast: the check runs in float32 throughout
         with torch.no_grad(), torch.autocast('cpu', enabled=False):
-            for native in (True, False):
-                out, kept = _inner_forward(proj, *params, dims, native)
-                dproj = torch.empty_like(proj)
-                grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
+            # the strongly decaying heads in one call each way, and by the (L, L) kernels
+            for native, fused in ((True, True), (True, False), (False, False)):
+                with fast_path_variant(fused_wide_heads=fused):
+                    out, kept = _inner_forward(proj, *params, dims, native)
+                    dproj = torch.empty_like(proj)
+                    grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
                 results.append([out, dproj, *grads])
-        for name, got, want in zip(names, *results):
-            err = ((got - want).norm() / want.norm()).item()
-            if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-                return (f'{name}: relative error {err:.2e} against the PyTorch ops (heads of '
-                        f'{size} channels)')
+        for variant, got_all in zip(('', ', strongly decaying heads by the (L, L) kernels'),
+                                    results[:2]):
+            for name, got, want in zip(names, got_all, results[2]):
+                err = ((got - want).norm() / want.norm()).item()
+                if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
+                    return (f'{name}: relative error {err:.2e} against the PyTorch ops (heads '
+                            f'of {size} channels{variant})')
     return None
 
 

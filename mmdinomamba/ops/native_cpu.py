@@ -270,6 +270,25 @@ def wide_grads(dW: Tensor, hi: Tensor, t: Tensor, cb: Tensor, index: Tensor, dir
     return dS, pairs
 
 
+def wide_forward(x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
+                 bounds: list[int], y: Tensor) -> Tensor:
+    """:func:`.ssd_quadratic_heads.add_forward` in one call: adds the ``wide`` (b, R, h) heads'
+    share of the quadratic scan to ``y`` in place and returns it (N, p, L) in the order of
+    :func:`.ssd_quadratic_heads.add_saved`; ``x``, ``y`` (b, R, h, p, L) as :func:`planes_fit`
+    says, ``dt`` (b, R, h, L) and ``S`` (float64) contiguous, ``cb`` (b, R, g, L, L) contiguous,
+    the products per token block of ``bounds``."""
+    return _module().wide_forward(x, dt, S, cb, wide, list(bounds), y)
+
+
+def wide_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
+                  bounds: list[int], dx: Tensor, ddt: Tensor, dS: Tensor,
+                  dcb: Tensor) -> Tensor:
+    """:func:`.ssd_quadratic_heads.add_backward` in one call: adds the ``wide`` heads' gradients
+    to ``dx`` (like ``x``), ``ddt``, ``dS`` (like ``dt``, contiguous) and ``dcb`` (like ``cb``)
+    in place and returns their ``dA`` (R, h) in float64 (operands as :func:`wide_forward`)."""
+    return _module().wide_backward(dy, x, dt, S, cb, wide, list(bounds), dx, ddt, dS, dcb)
+
+
 def transpose_into(dst: Tensor, src: Tensor, native: bool = True) -> Tensor:
     """``dst.copy_(src.transpose(1, 2))`` for 3-d ``dst`` (b, m, n) and ``src`` (b, n, m), and
     returns ``dst``; with ``native`` (the caller's :func:`use_for`) in the native kernel when

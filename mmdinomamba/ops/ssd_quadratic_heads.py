@@ -22,6 +22,7 @@ from torch import Tensor
 from . import native_cpu
 from .ssd_chunked_blocks import exp_decay
 from .ssd_triangles import block_bounds, native_blocks
+from .variants import current_variant
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
 
@@ -115,11 +116,22 @@ def _decay(hi: Tensor) -> Tensor:
     return exp_decay(hi[..., :, None] - hi[..., None, :])
 
 
+def _fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
+    """Whether the wide heads run as one native call each way (:func:`.native_cpu.wide_forward`,
+    :func:`.native_cpu.wide_backward`): asked to (``native`` and the variant), (b, R, h, p, L)
+    ``planes`` as :func:`.native_cpu.planes_fit` says and contiguous ``flat`` tensors."""
+    return (native and current_variant().fused_wide_heads and native_cpu.planes_fit(*planes)
+            and all(t.is_contiguous() for t in flat))
+
+
 def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
                 wide: Tensor, native: bool = False) -> Tensor:
     """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
     added parts (N, p, L) in the order of :func:`add_saved` (N wide heads). ``native``: the
-    weights from the native CPU kernel (:mod:`.native_cpu`)."""
+    native CPU kernels (:mod:`.native_cpu`), all in one call where the operands suit it."""
+    if _fused(native, [x, y], [dt, S, cb]) and y.dtype == dt.dtype == cb.dtype:
+        return native_cpu.wide_forward(x, dt, S, cb, wide.contiguous(),
+                                       block_bounds(x.shape[-1]), y)
     parts, cbs = [], cb.view(-1, *cb.shape[-2:])
     for r, b_idx, h_idx, g_idx in _subsets(wide, cb.shape[2]):
         m = _matrices(x, dt, S, r, b_idx, h_idx)
@@ -155,7 +167,12 @@ def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide:
                  native: bool = False) -> Tensor:
     """Adds the wide heads' gradients to ``dx``, ``ddt`` (their direct ``dt`` factor), ``dS``
     and ``dcb`` in place; returns their ``dA`` (R, h) in float64 (zero for other heads).
-    ``native``: the element-wise (L, L) work in the native CPU kernels (:mod:`.native_cpu`)."""
+    ``native``: the element-wise (L, L) work in the native CPU kernels (:mod:`.native_cpu`),
+    everything in one call where the operands suit it."""
+    if (_fused(native, [dy, x, dx], [dt, S, cb, ddt, dS, dcb])
+            and dy.dtype == dt.dtype == cb.dtype == ddt.dtype == dS.dtype == dcb.dtype):
+        return native_cpu.wide_backward(dy, x, dt, S, cb, wide.contiguous(),
+                                        block_bounds(x.shape[-1]), dx, ddt, dS, dcb)
     dA = torch.zeros(wide.shape[1:], dtype=torch.float64, device=dy.device)
     T = cumulative(dt)
     cbs, dcbs = cb.view(-1, *cb.shape[-2:]), dcb.view(-1, *dcb.shape[-2:])

@@ -63,6 +63,10 @@ class FastPathVariant:
             default: keeping it made DinoVim-T's training step about 5% faster, the demo's
             DINO step not measurably, for 2 (d + 2 g n) floats more per token and layer;
             docs/results.md); on saves that memory.
+        fused_wide_heads (bool): CPU, quadratic form with ``native_cpu``: the strongly
+            decaying heads in one native call each way, reading and adding to the full tensors
+            in place (:func:`.native_cpu.wide_forward`; False: gathered, computed with the
+            native (L, L) kernels and scattered back by PyTorch ops).
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -74,6 +78,7 @@ class FastPathVariant:
     native_cpu: bool = True
     recurrent_scan: bool = True
     recompute_conv_cpu: bool = False
+    fused_wide_heads: bool = True
 
 
 _current = FastPathVariant()

@@ -664,7 +664,8 @@ def test_fast_path_changes_layout_in_them(monkeypatch):
 
 
 @pytest.mark.parametrize('length', [23, 130])
-def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
+@pytest.mark.parametrize('fused', [True, False])
+def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length, fused):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # dt about softplus(0), A = -300: too wide to factor
         m.dt_bias.zero_()
@@ -673,18 +674,25 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
         m.A_log_b[:2].fill_(math.log(300.))
         m.A_log_b[2:].fill_(math.log(.5))  # factored: few enough wide heads at 130 tokens
     x = torch.randn(2, length, 32, dtype=torch.float64)
-    calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'column_products',
-                                  'masked_outer'))
-    native = _grads(m, x)
-    # forward: weights per direction; backward: per direction the weights again and their
-    # gradients
-    assert [c for c in calls if c.startswith('wide')] == (
-        ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2)
-    # their (L, L) products natively at several token blocks (130 tokens): per direction one
-    # forward and two backward; the factored heads' four and two
+    calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'wide_forward', 'wide_backward',
+                                  'column_products', 'masked_outer'))
+    with fast_path_variant(fused_wide_heads=fused):
+        native = _grads(m, x)
     blocks = length >= 128
-    assert calls.count('column_products') == 8 * blocks
-    assert calls.count('masked_outer') == 1 + 3 * blocks
+    # the factored heads' (L, L) products natively at several token blocks (130 tokens): four
+    # column products and two masked outer products (one of them, C^T B, at any length)
+    factored = dict(column_products=4 * blocks, masked_outer=1 + blocks)
+    if fused:  # one call each way for both directions' wide heads, products inside
+        assert [c for c in calls if c.startswith('wide')] == ['wide_forward', 'wide_backward']
+        wide = dict(column_products=0, masked_outer=0)
+    else:
+        # forward: weights per direction; backward: per direction the weights again and their
+        # gradients; their products per direction one forward and two backward
+        assert [c for c in calls if c.startswith('wide')] == (
+            ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2)
+        wide = dict(column_products=4 * blocks, masked_outer=2 * blocks)
+    for name in ('column_products', 'masked_outer'):
+        assert calls.count(name) == factored[name] + wide[name]
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-12)
 
 
@@ -742,8 +750,8 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
 
 
 @pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads',
-                                    'chunk_scan_backward', 'recurrent_scan_backward',
-                                    'scan_steps'])
+                                    'wide_forward', 'wide_backward', 'chunk_scan_backward',
+                                    'recurrent_scan_backward', 'scan_steps'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
     monkeypatch.setattr(native_cpu, '_state', {})
@@ -752,6 +760,8 @@ def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     def off(*args, **kwargs):
         out = fn(*args, **kwargs)
         first = out if torch.is_tensor(out) else out[0]
+        if broken == 'wide_backward':  # its dA is near zero there: the dx it added to
+            first = args[7]
         first.mul_(1.01)
         return out
 

@@ -132,6 +132,34 @@ def test_triangle_blocks_equal_the_full_products():
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('length', [33, 200])  # one and three token blocks
+def test_fused_wide_heads_equal_the_gathered_ones(dtype, tol, length):
+    """The strongly decaying heads in one native call each way == gathered, computed by the
+    (L, L) kernels and scattered back: several per direction, some sharing a group matrix, at
+    scattered (sample, direction, head) places; the output replayed from the state too."""
+    gen = torch.Generator().manual_seed(length)
+    b, R, h, p, g, n = 3, 2, 6, 8, 2, 16
+    x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=dtype) for _ in range(2))
+    dt = torch.rand(b, R, h, length, generator=gen, dtype=dtype) * 0.05
+    dt[:, :, 0] *= 300
+    dt[1, 0, 4] *= 1000
+    dt[2, 1, 1] *= 700
+    dt[0, 0, 2] *= 800
+    A = -torch.rand(R, h, generator=gen, dtype=dtype) - 0.5
+    B, C = (torch.randn(b, R, g, n, length, generator=gen, dtype=dtype) for _ in range(2))
+    D = torch.randn(R, h, generator=gen, dtype=dtype)
+    results = []
+    for fused in (True, False):
+        with fast_path_variant(fused_wide_heads=fused):
+            y, st = scan_forward(x, dt, A, B, C, D, native=True)
+            assert st.wide.sum() == b * R + 3 and not st.wide.all()
+            results.append((y, st.output(x, native=True),
+                             *scan_backward(dy, x, dt, A, B, C, st, True, native=True)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
 def test_scans_of_at_most_wide_tokens_keep_the_quadratic_form():
     """A share of strongly decaying heads is at most 1, so at ``WIDE_TOKENS`` tokens or fewer
     the quadratic form is kept whatever the decay (the demo's crops: no step sizes looked at)."""

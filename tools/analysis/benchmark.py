@@ -96,6 +96,8 @@ FAST_PATH_SWITCHES = {
                       'their recurrence (off: the quadratic form)',
     'recompute_conv_cpu': 'CPU, native kernels: recompute the conv output in the backward pass '
                           '(off: keep it; less memory when on, faster when off)',
+    'fused_wide_heads': 'CPU, native kernels: the scan\'s strongly decaying heads in one call '
+                        'each way (off: gathered, computed and scattered back by PyTorch ops)',
 }
 
 

@@ -746,33 +746,78 @@ inline void triangle_row(int64_t dir, int64_t i, int64_t length, int64_t* j0, in
   *j1 = dir == 0 ? i : length;
 }
 
+// One head's weights (or, with `transpose`, their transpose) into w (L x L), zero off the
+// triangle; cb its (L, L) group matrix.
+template <typename T>
+void head_weights(const T* h, const T* cb, int64_t length, int64_t dir, bool transpose, T* w) {
+  std::fill(w, w + length * length, T(0));
+  for (int64_t i = 0; i < length; ++i) {
+    int64_t j0, j1;
+    // transposed: row i of the output is column i of W (its triangle is the other one)
+    triangle_row(transpose ? 1 - dir : dir, i, length, &j0, &j1);
+    T* wr = w + i * length;
+    const T hi_i = h[i];
+    if (transpose) {
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) wr[j] = decay(h[j] - hi_i) * cb[j * length + i];
+    } else {
+      const T* cr = cb + i * length;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) wr[j] = decay(hi_i - h[j]) * cr[j];
+    }
+  }
+}
+
 template <typename T>
 void wide_weights_kernel(const T* hi, const T* cbs, const int64_t* index, T* out, int64_t heads,
                          int64_t length, int64_t dir, bool transpose) {
   const int64_t area = length * length;
   at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* h = hi + n * length;
-      const T* cb = cbs + index[n] * area;
-      T* w = out + n * area;
-      std::fill(w, w + area, T(0));
-      for (int64_t i = 0; i < length; ++i) {
-        int64_t j0, j1;
-        // transposed: row i of the output is column i of W (its triangle is the other one)
-        triangle_row(transpose ? 1 - dir : dir, i, length, &j0, &j1);
-        T* wr = w + i * length;
-        const T hi_i = h[i];
-        if (transpose) {
-#pragma omp simd
-          for (int64_t j = j0; j < j1; ++j) wr[j] = decay(h[j] - hi_i) * cb[j * length + i];
-        } else {
-          const T* cr = cb + i * length;
-#pragma omp simd
-          for (int64_t j = j0; j < j1; ++j) wr[j] = decay(hi_i - h[j]) * cr[j];
-        }
-      }
-    }
+    for (int64_t n = begin; n < end; ++n)
+      head_weights(hi + n * length, cbs + index[n] * area, length, dir, transpose,
+                   out + n * area);
   });
+}
+
+// One head's part of wide_grads_kernel: g its dW (L x L; only the triangle is read), h and tn
+// its hi and t, cb and dcb its group matrix and gradient, col a scratch of L; writes ds (L) and
+// returns the head's pair sum.
+template <typename T>
+double head_grads(const T* g, const T* h, const T* tn, const T* cb, T* dcb, T* ds, T* col,
+                  int64_t length, int64_t dir) {
+  std::fill(col, col + length, T(0));
+  double pair = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    int64_t j0, j1;
+    triangle_row(dir, i, length, &j0, &j1);
+    const T* gr = g + i * length;
+    const T* cr = cb + i * length;
+    T* dr = dcb + i * length;
+    const T hi_i = h[i], t_i = tn[i];
+    T row = 0, p = 0;
+#pragma omp simd reduction(+ : row, p)
+    for (int64_t j = j0; j < j1; ++j) {
+      const T edw = decay(hi_i - h[j]) * gr[j];
+      dr[j] += edw;
+      const T gij = edw * cr[j];
+      row += gij;
+      col[j] += gij;
+      p += gij * (t_i - tn[j]);
+    }
+    ds[i] = row;
+    pair += static_cast<double>(p);
+  }
+  for (int64_t j = 0; j < length; ++j) ds[j] -= col[j];
+  return pair;
+}
+
+// The runs of consecutive equal entries of a sorted index: their starts, then the end.
+std::vector<int64_t> index_runs(const int64_t* index, int64_t n) {
+  std::vector<int64_t> runs;
+  for (int64_t i = 0; i < n; ++i)
+    if (i == 0 || index[i] != index[i - 1]) runs.push_back(i);
+  runs.push_back(n);
+  return runs;
 }
 
 // Head n's gradients from dW = dL/dW (n's (L, L) slice): adds E * dW (E the decay factors) to
@@ -784,46 +829,14 @@ void wide_grads_kernel(const T* dW, const T* hi, const T* t, const T* cbs, const
                        T* dcbs, T* dS, double* pairs, int64_t heads, int64_t length,
                        int64_t dir) {
   const int64_t area = length * length;
-  std::vector<int64_t> runs;
-  for (int64_t n = 0; n < heads; ++n)
-    if (n == 0 || index[n] != index[n - 1]) runs.push_back(n);
-  runs.push_back(heads);
+  const std::vector<int64_t> runs = index_runs(index, heads);
   at::parallel_for(0, static_cast<int64_t>(runs.size()) - 1, 1, [&](int64_t begin, int64_t end) {
     Buffer<T> col(length);
-    for (int64_t run = begin; run < end; ++run) {
-      for (int64_t n = runs[run]; n < runs[run + 1]; ++n) {
-        const T* h = hi + n * length;
-        const T* tn = t + n * length;
-        const T* cb = cbs + index[n] * area;
-        T* dcb = dcbs + index[n] * area;
-        T* ds = dS + n * length;
-        std::fill(col.begin(), col.end(), T(0));
-        double pair = 0;
-        for (int64_t i = 0; i < length; ++i) {
-          int64_t j0, j1;
-          triangle_row(dir, i, length, &j0, &j1);
-          const T* g = dW + n * area + i * length;
-          const T* cr = cb + i * length;
-          T* dr = dcb + i * length;
-          T* cl = col.data();
-          const T hi_i = h[i], t_i = tn[i];
-          T row = 0, p = 0;
-#pragma omp simd reduction(+ : row, p)
-          for (int64_t j = j0; j < j1; ++j) {
-            const T edw = decay(hi_i - h[j]) * g[j];
-            dr[j] += edw;
-            const T gij = edw * cr[j];
-            row += gij;
-            cl[j] += gij;
-            p += gij * (t_i - tn[j]);
-          }
-          ds[i] = row;
-          pair += static_cast<double>(p);
-        }
-        for (int64_t j = 0; j < length; ++j) ds[j] -= col[j];
-        pairs[n] = pair;
-      }
-    }
+    for (int64_t run = begin; run < end; ++run)
+      for (int64_t n = runs[run]; n < runs[run + 1]; ++n)
+        pairs[n] = head_grads(dW + n * area, hi + n * length, t + n * length,
+                              cbs + index[n] * area, dcbs + index[n] * area, dS + n * length,
+                              col.data(), length, dir);
   });
 }
 
@@ -1325,6 +1338,230 @@ void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
       }
     });
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The strongly decaying heads of the quadratic form in one call each way
+// (ssd_quadratic_heads.add_forward / add_backward): every wide (sample, direction, head) reads
+// its planes of the full (b, R, h, ...) tensors and adds its share to them in place, with its
+// scaled values, weights and products in buffers of its own task (a few hundred KB, in cache),
+// instead of gathering the heads' planes into new tensors, building their (N, L, L) weights and
+// scattering the results back, one PyTorch operation and one pass over memory at a time. The
+// values are those of the composition in ssd_quadratic_heads.py: S split into hi + lo, the
+// weights of head_weights, the products per token block of the triangle (ssd_triangles.py's
+// bounds), the gradients of head_grads.
+
+struct WideHead {
+  int64_t dir, plane, mat;  // direction, (b, r, h) plane index, (b, r, g) matrix index
+};
+
+// The wide heads in the order of ssd_quadratic_heads._subsets: by direction, then sample, then
+// head.
+std::vector<WideHead> wide_list(const at::Tensor& wide, int64_t groups) {
+  const int64_t batch = wide.size(0), dirs = wide.size(1), heads = wide.size(2);
+  const bool* w = wide.data_ptr<bool>();
+  std::vector<WideHead> out;
+  for (int64_t r = 0; r < dirs; ++r)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        if (w[(b * dirs + r) * heads + h])
+          out.push_back({r, (b * dirs + r) * heads + h,
+                         (b * dirs + r) * groups + h / (heads / groups)});
+  return out;
+}
+
+// hi = S rounded to T, el = exp(S - hi) (1 in float64), scale = dt / el, for one head (L).
+template <typename T>
+void wide_scales(const double* S, const T* dt, int64_t length, T* hi, T* el, T* scale) {
+  for (int64_t l = 0; l < length; ++l) {
+    hi[l] = static_cast<T>(S[l]);
+    el[l] = std::is_same_v<T, double> ? T(1)
+                                      : std::exp(static_cast<T>(S[l] - static_cast<double>(hi[l])));
+    scale[l] = dt[l] / el[l];
+  }
+}
+
+// out (p x L) = in (p x L, from a plane) times the per-token s.
+template <typename T>
+void scale_plane(const T* in, const T* s, int64_t channels, int64_t length, T* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+#pragma omp simd
+    for (int64_t l = 0; l < length; ++l) out[c * length + l] = in[c * length + l] * s[l];
+  }
+}
+
+template <typename T>
+void wide_forward_kernel(const T* x, const Planes& px, const T* dt, const double* S, const T* cb,
+                         const std::vector<WideHead>& list, const std::vector<int64_t>& bounds,
+                         T* y, const Planes& py, T* parts) {
+  const int64_t L = px.length, p = px.channels, area = L * L;
+  const int64_t blocks = static_cast<int64_t>(bounds.size()) - 1;
+  at::parallel_for(0, static_cast<int64_t>(list.size()), 1, [&](int64_t begin, int64_t end) {
+    Buffer<T> w(area), xs(p * L), ys(p * L), hi(L), el(L), scale(L);
+    for (int64_t n = begin; n < end; ++n) {
+      const WideHead& hd = list[n];
+      wide_scales(S + hd.plane * L, dt + hd.plane * L, L, hi.data(), el.data(), scale.data());
+      scale_plane(x + px.offset(hd.plane), scale.data(), p, L, xs.data());
+      head_weights(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data());
+      for (int64_t j = 0; j < blocks; ++j) {  // ys[:, block j] = xs[:, k0:k1] @ W[block j, k0:k1]^T
+        const int64_t j0 = bounds[j], j1 = bounds[j + 1];
+        const int64_t k0 = hd.dir == 0 ? 0 : j0, k1 = hd.dir == 0 ? j1 : L;
+        gemm<T>(false, true, p, j1 - j0, k1 - k0, xs.data() + k0, L, w.data() + j0 * L + k0, L,
+                ys.data() + j0, L);
+      }
+      T* part = parts + n * p * L;
+      T* yn = y + py.offset(hd.plane);
+      for (int64_t c = 0; c < p; ++c) {
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) {
+          const T v = ys[c * L + l] * el[l];
+          part[c * L + l] = v;
+          yn[c * L + l] += v;
+        }
+      }
+    }
+  });
+}
+
+// Cumulative dt of one head in float64 (inclusive; reverse for direction 1, as total - cumsum +
+// dt, the way ssd_quadratic_heads.cumulative writes it), split into t_hi + t_lo.
+template <typename T>
+void wide_times(const T* dt, int64_t length, int64_t dir, double* work, T* t_hi, T* t_lo) {
+  double run = 0;
+  for (int64_t l = 0; l < length; ++l) work[l] = run += static_cast<double>(dt[l]);
+  for (int64_t l = 0; l < length; ++l) {
+    const double t = dir == 0 ? work[l] : run - work[l] + static_cast<double>(dt[l]);
+    t_hi[l] = static_cast<T>(t);
+    t_lo[l] = static_cast<T>(t - static_cast<double>(t_hi[l]));
+  }
+}
+
+template <typename T>
+void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Planes& px,
+                          const T* dt, const double* S, const T* cb,
+                          const std::vector<WideHead>& list, const std::vector<int64_t>& bounds,
+                          T* dx, const Planes& pdx, T* ddt, T* dS, T* dcb, double* pairs) {
+  const int64_t L = px.length, p = px.channels, area = L * L;
+  const int64_t blocks = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<int64_t> mats(list.size());
+  for (std::size_t n = 0; n < list.size(); ++n) mats[n] = list[n].mat;
+  const std::vector<int64_t> runs = index_runs(mats.data(), static_cast<int64_t>(mats.size()));
+  at::parallel_for(0, static_cast<int64_t>(runs.size()) - 1, 1, [&](int64_t begin, int64_t end) {
+    Buffer<T> w(area), dw(area), xs(p * L), dys(p * L), dxs(p * L);
+    Buffer<T> hi(L), el(L), scale(L), t_hi(L), t_lo(L), ds(L), col(L);
+    std::vector<double> work(L);
+    for (int64_t run = begin; run < end; ++run) {
+      for (int64_t n = runs[run]; n < runs[run + 1]; ++n) {
+        const WideHead& hd = list[n];
+        const int64_t lower = hd.dir == 0;
+        const T* xn = x + px.offset(hd.plane);
+        const T* dtn = dt + hd.plane * L;
+        wide_scales(S + hd.plane * L, dtn, L, hi.data(), el.data(), scale.data());
+        scale_plane(xn, scale.data(), p, L, xs.data());
+        scale_plane(dy + pdy.offset(hd.plane), el.data(), p, L, dys.data());
+        head_weights(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data());
+        for (int64_t j = 0; j < blocks; ++j) {
+          const int64_t j0 = bounds[j], j1 = bounds[j + 1];
+          // dxs[:, block j] = dys[:, k0:k1] @ W[k0:k1, block j]: rows below the block (lower)
+          const int64_t k0 = lower ? j0 : 0, k1 = lower ? L : j1;
+          gemm<T>(false, false, p, j1 - j0, k1 - k0, dys.data() + k0, L, w.data() + k0 * L + j0,
+                  L, dxs.data() + j0, L);
+          // dW[block j, c0:c1] = dys[:, block j]^T @ xs[:, c0:c1] (the triangle's columns)
+          const int64_t c0 = lower ? 0 : j0, c1 = lower ? j1 : L;
+          gemm<T>(true, false, j1 - j0, c1 - c0, p, dys.data() + j0, L, xs.data() + c0, L,
+                  dw.data() + j0 * L + c0, L);
+        }
+        T* dxn = dx + pdx.offset(hd.plane);
+        T* ddtn = ddt + hd.plane * L;
+        std::fill(ds.begin(), ds.end(), T(0));  // sum_p dxs x per token, here
+        for (int64_t c = 0; c < p; ++c) {
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) {
+            const T g = dxs[c * L + l];
+            dxn[c * L + l] += g * scale[l];
+            ds[l] += g * xn[c * L + l];
+          }
+        }
+        for (int64_t l = 0; l < L; ++l) ddtn[l] += ds[l] / el[l];
+        wide_times(dtn, L, hd.dir, work.data(), t_hi.data(), t_lo.data());
+        double pair = head_grads(dw.data(), hi.data(), t_hi.data(), cb + hd.mat * area,
+                                 dcb + hd.mat * area, ds.data(), col.data(), L, hd.dir);
+        T* dSn = dS + hd.plane * L;
+        for (int64_t l = 0; l < L; ++l) {
+          dSn[l] += ds[l];
+          pair += static_cast<double>(t_lo[l]) * static_cast<double>(ds[l]);
+        }
+        pairs[n] = pair;
+      }
+    }
+  });
+}
+
+void check_wide_call(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& S,
+                     const at::Tensor& cb, const at::Tensor& wide) {
+  check_planes(x, x, "x");
+  check_tokens(dt, x, "dt");
+  TORCH_CHECK(S.sizes() == dt.sizes() && S.is_contiguous() && S.scalar_type() == at::kDouble,
+              "native wide heads: S must be a contiguous float64 tensor shaped like dt ",
+              dt.sizes(), ", got ", S.sizes(), " ", S.scalar_type());
+  TORCH_CHECK(cb.dim() == 5 && cb.size(0) == x.size(0) && cb.size(1) == x.size(1) &&
+                  cb.size(2) >= 1 && x.size(2) % cb.size(2) == 0 && cb.size(3) == x.size(4) &&
+                  cb.size(4) == x.size(4) && cb.is_contiguous() &&
+                  cb.scalar_type() == x.scalar_type(),
+              "native wide heads: cb must be a contiguous (b, R, g, L, L) tensor of x's dtype "
+              "with g dividing the heads, got ", cb.sizes());
+  TORCH_CHECK(wide.sizes() == x.sizes().slice(0, 3) && wide.is_contiguous() &&
+                  wide.scalar_type() == at::kBool,
+              "native wide heads: wide must be a contiguous (b, R, h) bool tensor, got ",
+              wide.sizes(), " ", wide.scalar_type());
+}
+
+at::Tensor wide_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& S,
+                        const at::Tensor& cb, const at::Tensor& wide,
+                        const std::vector<int64_t>& bounds_in, at::Tensor& y) {
+  check_wide_call(x, dt, S, cb, wide);
+  check_planes(y, x, "y");
+  const auto bounds = checked_bounds(bounds_in, x.size(4));
+  const auto list = wide_list(wide, cb.size(2));
+  auto parts = at::empty({static_cast<int64_t>(list.size()), x.size(3), x.size(4)}, x.options());
+  const Planes px(x), py(y);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "wide_forward", [&] {
+    wide_forward_kernel<scalar_t>(x.data_ptr<scalar_t>(), px, dt.data_ptr<scalar_t>(),
+                                  S.data_ptr<double>(), cb.data_ptr<scalar_t>(), list, bounds,
+                                  y.data_ptr<scalar_t>(), py, parts.data_ptr<scalar_t>());
+  });
+  return parts;
+}
+
+at::Tensor wide_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dt,
+                         const at::Tensor& S, const at::Tensor& cb, const at::Tensor& wide,
+                         const std::vector<int64_t>& bounds_in, at::Tensor& dx, at::Tensor& ddt,
+                         at::Tensor& dS, at::Tensor& dcb) {
+  check_wide_call(x, dt, S, cb, wide);
+  check_planes(dy, x, "dy");
+  check_planes(dx, x, "dx");
+  check_tokens(ddt, x, "ddt");
+  check_tokens(dS, x, "dS");
+  TORCH_CHECK(dcb.sizes() == cb.sizes() && dcb.is_contiguous() &&
+                  dcb.scalar_type() == cb.scalar_type(),
+              "native wide heads: dcb must be a contiguous tensor shaped like cb");
+  const auto bounds = checked_bounds(bounds_in, x.size(4));
+  const auto list = wide_list(wide, cb.size(2));
+  const int64_t dirs = x.size(1), heads = x.size(2);
+  std::vector<double> pairs(list.size());
+  const Planes px(x), pdy(dy), pdx(dx);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "wide_backward", [&] {
+    wide_backward_kernel<scalar_t>(dy.data_ptr<scalar_t>(), pdy, x.data_ptr<scalar_t>(), px,
+                                   dt.data_ptr<scalar_t>(), S.data_ptr<double>(),
+                                   cb.data_ptr<scalar_t>(), list, bounds, dx.data_ptr<scalar_t>(),
+                                   pdx, ddt.data_ptr<scalar_t>(), dS.data_ptr<scalar_t>(),
+                                   dcb.data_ptr<scalar_t>(), pairs.data());
+  });
+  auto dA = at::zeros({dirs, heads}, x.options().dtype(at::kDouble));
+  double* da = dA.data_ptr<double>();
+  for (std::size_t n = 0; n < list.size(); ++n)  // in list order: independent of the threads
+    da[list[n].dir * heads + list[n].plane % heads] += pairs[n];
+  return dA;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2366,6 +2603,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
         "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
+  m.def("wide_forward", &wide_forward,
+        "the wide heads' share of the quadratic scan added to y in place; returns it (N, p, L)");
+  m.def("wide_backward", &wide_backward,
+        "the wide heads' gradients added to dx, ddt, dS and dcb in place; returns their dA "
+        "(R, h) in float64");
   m.def("scan_factors", &scan_factors,
         "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
         "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range "
