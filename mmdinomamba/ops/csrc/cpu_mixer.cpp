@@ -746,15 +746,28 @@ inline void triangle_row(int64_t dir, int64_t i, int64_t length, int64_t* j0, in
   *j1 = dir == 0 ? i : length;
 }
 
-// One head's weights (or, with `transpose`, their transpose) into w (L x L), zero off the
-// triangle; cb its (L, L) group matrix.
+// The fused kernels' decay factor (wide_forward, wide_backward): zero instead of exp(-60) at the
+// floor, so that the columns of a token block where all of them sit there can be skipped.
 template <typename T>
-void head_weights(const T* h, const T* cb, int64_t length, int64_t dir, bool transpose, T* w) {
+inline T decay_or_zero(T d) {
+  return d <= T(-60) ? T(0) : exp_inline(std::min(d, T(0)));
+}
+
+// One head's weights (or, with `transpose`, their transpose) into w (L x L), zero off the
+// triangle; cb its (L, L) group matrix. With a Band (lo, hi: per row, the columns of the
+// triangle to fill; not with `transpose`), the factors of decay_or_zero there and zero elsewhere.
+template <bool Band = false, typename T>
+void head_weights(const T* h, const T* cb, int64_t length, int64_t dir, bool transpose, T* w,
+                  const int64_t* lo = nullptr, const int64_t* hi = nullptr) {
   std::fill(w, w + length * length, T(0));
   for (int64_t i = 0; i < length; ++i) {
     int64_t j0, j1;
     // transposed: row i of the output is column i of W (its triangle is the other one)
     triangle_row(transpose ? 1 - dir : dir, i, length, &j0, &j1);
+    if constexpr (Band) {
+      j0 = lo[i];
+      j1 = hi[i];
+    }
     T* wr = w + i * length;
     const T hi_i = h[i];
     if (transpose) {
@@ -763,7 +776,8 @@ void head_weights(const T* h, const T* cb, int64_t length, int64_t dir, bool tra
     } else {
       const T* cr = cb + i * length;
 #pragma omp simd
-      for (int64_t j = j0; j < j1; ++j) wr[j] = decay(hi_i - h[j]) * cr[j];
+      for (int64_t j = j0; j < j1; ++j)
+        wr[j] = (Band ? decay_or_zero(hi_i - h[j]) : decay(hi_i - h[j])) * cr[j];
     }
   }
 }
@@ -781,15 +795,21 @@ void wide_weights_kernel(const T* hi, const T* cbs, const int64_t* index, T* out
 
 // One head's part of wide_grads_kernel: g its dW (L x L; only the triangle is read), h and tn
 // its hi and t, cb and dcb its group matrix and gradient, col a scratch of L; writes ds (L) and
-// returns the head's pair sum.
-template <typename T>
+// returns the head's pair sum. With a Band (lo, hi as head_weights takes them), only its
+// columns, with the factors of decay_or_zero.
+template <bool Band = false, typename T>
 double head_grads(const T* g, const T* h, const T* tn, const T* cb, T* dcb, T* ds, T* col,
-                  int64_t length, int64_t dir) {
+                  int64_t length, int64_t dir, const int64_t* lo = nullptr,
+                  const int64_t* hi = nullptr) {
   std::fill(col, col + length, T(0));
   double pair = 0;
   for (int64_t i = 0; i < length; ++i) {
     int64_t j0, j1;
     triangle_row(dir, i, length, &j0, &j1);
+    if constexpr (Band) {
+      j0 = lo[i];
+      j1 = hi[i];
+    }
     const T* gr = g + i * length;
     const T* cr = cb + i * length;
     T* dr = dcb + i * length;
@@ -797,7 +817,7 @@ double head_grads(const T* g, const T* h, const T* tn, const T* cb, T* dcb, T* d
     T row = 0, p = 0;
 #pragma omp simd reduction(+ : row, p)
     for (int64_t j = j0; j < j1; ++j) {
-      const T edw = decay(hi_i - h[j]) * gr[j];
+      const T edw = (Band ? decay_or_zero(hi_i - h[j]) : decay(hi_i - h[j])) * gr[j];
       dr[j] += edw;
       const T gij = edw * cr[j];
       row += gij;
@@ -1347,9 +1367,11 @@ void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
 // scaled values, weights and products in buffers of its own task (a few hundred KB, in cache),
 // instead of gathering the heads' planes into new tensors, building their (N, L, L) weights and
 // scattering the results back, one PyTorch operation and one pass over memory at a time. The
-// values are those of the composition in ssd_quadratic_heads.py: S split into hi + lo, the
-// weights of head_weights, the products per token block of the triangle (ssd_triangles.py's
-// bounds), the gradients of head_grads.
+// values are those of the composition in ssd_quadratic_heads.py (S split into hi + lo, the
+// weights of head_weights, the products per token block of the triangle, ssd_triangles.py's
+// bounds, the gradients of head_grads) but for the factors at the floor, exp(-60) there and zero
+// here (decay_or_zero): the parts of a block's products where all of them sit there (wide_band)
+// are skipped. Either changes results by less than 1e-26 relative.
 
 struct WideHead {
   int64_t dir, plane, mat;  // direction, (b, r, h) plane index, (b, r, g) matrix index
@@ -1390,6 +1412,40 @@ void scale_plane(const T* in, const T* s, int64_t channels, int64_t length, T* o
   }
 }
 
+// One wide head's band for the fused kernels, from its hi (L) and the token blocks: per block j
+// of rows, the columns [clo[j], chi[j]) outside which each of its rows' factors
+// decay_or_zero(hi_i - hi_k) is zero, and per row i the part [lo[i], hi[i]) of its triangle
+// inside them; per block j of columns, the rows [rlo[j], rhi[j]) of W outside which each of its
+// columns' factors is zero. Strongly decaying heads have many such blocks, whose products are
+// skipped.
+template <typename T>
+void wide_band(const T* h, int64_t length, int64_t dir, const std::vector<int64_t>& bounds,
+               int64_t* clo, int64_t* chi, int64_t* rlo, int64_t* rhi, int64_t* lo,
+               int64_t* hi) {
+  const T floor = T(60);
+  for (std::size_t j = 0; j + 1 < bounds.size(); ++j) {
+    const int64_t j0 = bounds[j], j1 = bounds[j + 1];
+    const T top = *std::max_element(h + j0, h + j1);
+    const T bottom = *std::min_element(h + j0, h + j1);
+    int64_t k0 = dir == 0 ? 0 : j0, k1 = dir == 0 ? j1 : length;
+    while (k0 < k1 && h[k0] - top >= floor) ++k0;
+    while (k1 > k0 && h[k1 - 1] - top >= floor) --k1;
+    clo[j] = k0;
+    chi[j] = k1;
+    int64_t r0 = dir == 0 ? j0 : 0, r1 = dir == 0 ? length : j1;
+    while (r0 < r1 && bottom - h[r0] >= floor) ++r0;
+    while (r1 > r0 && bottom - h[r1 - 1] >= floor) --r1;
+    rlo[j] = r0;
+    rhi[j] = r1;
+    for (int64_t i = j0; i < j1; ++i) {
+      int64_t t0, t1;
+      triangle_row(dir, i, length, &t0, &t1);
+      lo[i] = std::max(t0, k0);
+      hi[i] = std::max(lo[i], std::min(t1, k1));
+    }
+  }
+}
+
 template <typename T>
 void wide_forward_kernel(const T* x, const Planes& px, const T* dt, const double* S, const T* cb,
                          const std::vector<WideHead>& list, const std::vector<int64_t>& bounds,
@@ -1398,16 +1454,22 @@ void wide_forward_kernel(const T* x, const Planes& px, const T* dt, const double
   const int64_t blocks = static_cast<int64_t>(bounds.size()) - 1;
   at::parallel_for(0, static_cast<int64_t>(list.size()), 1, [&](int64_t begin, int64_t end) {
     Buffer<T> w(area), xs(p * L), ys(p * L), hi(L), el(L), scale(L);
+    std::vector<int64_t> band(4 * blocks + 2 * L);
+    int64_t *clo = band.data(), *chi = clo + blocks, *rlo = chi + blocks, *rhi = rlo + blocks;
+    int64_t *lo = rhi + blocks, *up = lo + L;
     for (int64_t n = begin; n < end; ++n) {
       const WideHead& hd = list[n];
       wide_scales(S + hd.plane * L, dt + hd.plane * L, L, hi.data(), el.data(), scale.data());
+      wide_band(hi.data(), L, hd.dir, bounds, clo, chi, rlo, rhi, lo, up);
       scale_plane(x + px.offset(hd.plane), scale.data(), p, L, xs.data());
-      head_weights(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data());
+      head_weights<true>(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data(), lo, up);
       for (int64_t j = 0; j < blocks; ++j) {  // ys[:, block j] = xs[:, k0:k1] @ W[block j, k0:k1]^T
-        const int64_t j0 = bounds[j], j1 = bounds[j + 1];
-        const int64_t k0 = hd.dir == 0 ? 0 : j0, k1 = hd.dir == 0 ? j1 : L;
-        gemm<T>(false, true, p, j1 - j0, k1 - k0, xs.data() + k0, L, w.data() + j0 * L + k0, L,
-                ys.data() + j0, L);
+        const int64_t j0 = bounds[j], j1 = bounds[j + 1], k0 = clo[j], k1 = chi[j];
+        if (k1 > k0)
+          gemm<T>(false, true, p, j1 - j0, k1 - k0, xs.data() + k0, L, w.data() + j0 * L + k0,
+                  L, ys.data() + j0, L);
+        else
+          for (int64_t c = 0; c < p; ++c) std::fill(&ys[c * L + j0], &ys[c * L + j1], T(0));
       }
       T* part = parts + n * p * L;
       T* yn = y + py.offset(hd.plane);
@@ -1450,26 +1512,33 @@ void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Plan
     Buffer<T> w(area), dw(area), xs(p * L), dys(p * L), dxs(p * L);
     Buffer<T> hi(L), el(L), scale(L), t_hi(L), t_lo(L), ds(L), col(L);
     std::vector<double> work(L);
+    std::vector<int64_t> band(4 * blocks + 2 * L);
+    int64_t *clo = band.data(), *chi = clo + blocks, *rlo = chi + blocks, *rhi = rlo + blocks;
+    int64_t *lo = rhi + blocks, *up = lo + L;
     for (int64_t run = begin; run < end; ++run) {
       for (int64_t n = runs[run]; n < runs[run + 1]; ++n) {
         const WideHead& hd = list[n];
-        const int64_t lower = hd.dir == 0;
         const T* xn = x + px.offset(hd.plane);
         const T* dtn = dt + hd.plane * L;
         wide_scales(S + hd.plane * L, dtn, L, hi.data(), el.data(), scale.data());
+        wide_band(hi.data(), L, hd.dir, bounds, clo, chi, rlo, rhi, lo, up);
         scale_plane(xn, scale.data(), p, L, xs.data());
         scale_plane(dy + pdy.offset(hd.plane), el.data(), p, L, dys.data());
-        head_weights(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data());
+        head_weights<true>(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data(), lo, up);
         for (int64_t j = 0; j < blocks; ++j) {
           const int64_t j0 = bounds[j], j1 = bounds[j + 1];
-          // dxs[:, block j] = dys[:, k0:k1] @ W[k0:k1, block j]: rows below the block (lower)
-          const int64_t k0 = lower ? j0 : 0, k1 = lower ? L : j1;
-          gemm<T>(false, false, p, j1 - j0, k1 - k0, dys.data() + k0, L, w.data() + k0 * L + j0,
-                  L, dxs.data() + j0, L);
-          // dW[block j, c0:c1] = dys[:, block j]^T @ xs[:, c0:c1] (the triangle's columns)
-          const int64_t c0 = lower ? 0 : j0, c1 = lower ? j1 : L;
-          gemm<T>(true, false, j1 - j0, c1 - c0, p, dys.data() + j0, L, xs.data() + c0, L,
-                  dw.data() + j0 * L + c0, L);
+          // dxs[:, block j] = dys[:, k0:k1] @ W[k0:k1, block j] (the rows of its band)
+          const int64_t k0 = rlo[j], k1 = rhi[j];
+          if (k1 > k0)
+            gemm<T>(false, false, p, j1 - j0, k1 - k0, dys.data() + k0, L,
+                    w.data() + k0 * L + j0, L, dxs.data() + j0, L);
+          else
+            for (int64_t c = 0; c < p; ++c) std::fill(&dxs[c * L + j0], &dxs[c * L + j1], T(0));
+          // dW[block j, c0:c1] = dys[:, block j]^T @ xs[:, c0:c1] (the columns of its band)
+          const int64_t c0 = clo[j], c1 = chi[j];
+          if (c1 > c0)
+            gemm<T>(true, false, j1 - j0, c1 - c0, p, dys.data() + j0, L, xs.data() + c0, L,
+                    dw.data() + j0 * L + c0, L);
         }
         T* dxn = dx + pdx.offset(hd.plane);
         T* ddtn = ddt + hd.plane * L;
@@ -1484,8 +1553,9 @@ void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Plan
         }
         for (int64_t l = 0; l < L; ++l) ddtn[l] += ds[l] / el[l];
         wide_times(dtn, L, hd.dir, work.data(), t_hi.data(), t_lo.data());
-        double pair = head_grads(dw.data(), hi.data(), t_hi.data(), cb + hd.mat * area,
-                                 dcb + hd.mat * area, ds.data(), col.data(), L, hd.dir);
+        double pair = head_grads<true>(dw.data(), hi.data(), t_hi.data(), cb + hd.mat * area,
+                                       dcb + hd.mat * area, ds.data(), col.data(), L, hd.dir,
+                                       lo, up);
         T* dSn = dS + hd.plane * L;
         for (int64_t l = 0; l < L; ++l) {
           dSn[l] += ds[l];
