@@ -370,15 +370,14 @@ def _native_self_check() -> str | None:
         results = []
         # the first call may come from inside autocast: the check runs in float32 throughout
         with torch.no_grad(), torch.autocast('cpu', enabled=False):
-            # the strongly decaying heads in one call each way, and by the (L, L) kernels
+            # the scan's fused kernels, and its separate calls
             for native, fused in ((True, True), (True, False), (False, False)):
-                with fast_path_variant(fused_wide_heads=fused):
+                with fast_path_variant(fused_wide_heads=fused, fused_products=fused):
                     out, kept = _inner_forward(proj, *params, dims, native)
                     dproj = torch.empty_like(proj)
                     grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
                 results.append([out, dproj, *grads])
-        for variant, got_all in zip(('', ', strongly decaying heads by the (L, L) kernels'),
-                                    results[:2]):
+        for variant, got_all in zip(('', ', the scan in separate calls'), results[:2]):
             for name, got, want in zip(names, got_all, results[2]):
                 err = ((got - want).norm() / want.norm()).item()
                 if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too

@@ -289,6 +289,28 @@ def wide_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide
     return _module().wide_backward(dy, x, dt, S, cb, wide, list(bounds), dx, ddt, dS, dcb)
 
 
+def products_forward(x: Tensor, s: Tensor, cb: Tensor, row: Tensor, diag: Tensor,
+                     bounds: list[int]) -> tuple[Tensor, Tensor]:
+    """The quadratic form's factored products with their element-wise work, per (sample,
+    direction, group) in one pass: ``ys = xs @ cb^T`` per group (``xs = x s``, the heads of
+    a group side by side) and ``y = ys row + x diag``, both (b, R, h, p, L) and contiguous;
+    ``x`` as :func:`planes_fit` says, ``s``, ``row``, ``diag`` (b, R, h, L) and ``cb`` (b, R, g,
+    L, L) contiguous, the products per token block of ``bounds`` (:mod:`.ssd_triangles`)."""
+    ys, y = _module().products_forward(x, s, cb, row, diag, list(bounds))
+    return ys, y
+
+
+def products_backward(dy: Tensor, x: Tensor, ys: Tensor, s: Tensor, row: Tensor,
+                      diag: Tensor, cb: Tensor, bounds: list[int]) -> tuple[Tensor, ...]:
+    """Gradients of :func:`products_forward`'s products for ``dy`` (like ``x``): ``dx = dxs s +
+    dy diag`` (``dxs = dys @ cb`` per group, ``dys = dy row``), ``dcb = dys^T @ xs`` on each
+    direction's strict triangle (zero elsewhere), and the per-token sums over ``p`` of ``dxs
+    x``, ``dys ys`` and ``dy x`` (b, R, h, L), as :func:`scan_backward_pointwise` gives them."""
+    dx, dcb, dxs_x, dys_ys, dy_x = _module().products_backward(dy, x, ys, s, row, diag, cb,
+                                                               list(bounds))
+    return dx, dcb, dxs_x, dys_ys, dy_x
+
+
 def transpose_into(dst: Tensor, src: Tensor, native: bool = True) -> Tensor:
     """``dst.copy_(src.transpose(1, 2))`` for 3-d ``dst`` (b, m, n) and ``src`` (b, n, m), and
     returns ``dst``; with ``native`` (the caller's :func:`use_for`) in the native kernel when

@@ -36,6 +36,7 @@ from .ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
 from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
                             masked_outer)
+from .variants import current_variant
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -112,6 +113,15 @@ def _output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor, native: bool) -> T
     return (ys * row.unsqueeze(-2)).addcmul_(x, diag.unsqueeze(-2))
 
 
+def _products_fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
+    """Whether the factored products run with their element-wise work in one native call
+    (:func:`.native_cpu.products_forward`, :func:`.native_cpu.products_backward`): asked to
+    (``native`` and the variant), (b, R, h, p, L) ``planes`` as :func:`.native_cpu.planes_fit`
+    says and contiguous ``flat`` tensors of their dtype."""
+    return (native and current_variant().fused_products and native_cpu.planes_fit(*planes)
+            and all(t.is_contiguous() and t.dtype == planes[0].dtype for t in flat))
+
+
 def _grouped(t: Tensor, groups: int) -> Tensor:
     """(b, R, h, p, L) -> (b, R, g, r p, L) (a view: the heads of a group side by side)."""
     return t.flatten(2, 3).unflatten(2, (groups, -1))
@@ -129,12 +139,16 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A) if factors is None else factors
     cb, cb_diag = _group_products(B, C, native)
-    xs = _grouped(_scaled(x, dt * col, native), g)
-    ys = apply_masked(xs, cb, native)
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
         diag.add_(D[..., None])
-    y = _output(ys.view(x.shape), row, x, diag, native)
+    s = dt * col
+    if _products_fused(native, [x], [s, row, diag, cb]):
+        ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
+        ys = _grouped(ys, g)
+    else:
+        ys = apply_masked(_grouped(_scaled(x, s, native), g), cb, native)
+        y = _output(ys.view(x.shape), row, x, diag, native)
     y_wide = heads.add_forward(y, x, dt, S, cb, wide, native) if wide.any() else None
     return y, ScanState(S, row, col, wide, cb, cb_diag, diag, ys, y_wide)
 
@@ -150,20 +164,26 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     """
     g = B.shape[2]
     s, ys = dt * st.col, st.ys.view(x.shape)
-    xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
-    dys = _scaled(dy, st.row, native)
-    dys_g = _grouped(dys, g)
-    dxs = apply_masked_t(dys_g, st.cb, native).view(x.shape)
-    dcb = masked_outer(dys_g, xs, native)
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
-    if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
-        dxs_x, dys_ys, q = native_cpu.scan_backward_pointwise(dxs, x, dy, dys, ys, s, st.diag)
-        dx = dxs
+    if _products_fused(native, [x, dy], [ys, s, st.row, st.diag, st.cb]):
+        dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
+            dy, x, ys, s, st.row, st.diag, st.cb, block_bounds(x.shape[-1]))
     else:
-        scratch = torch.empty_like(dxs)
-        dxs_x, dys_ys, q = _dot(dxs, x, scratch), _dot(dys, ys, scratch), _dot(dy, x, scratch)
-        dx = dxs.mul_(s.unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+        xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
+        dys = _scaled(dy, st.row, native)
+        dys_g = _grouped(dys, g)
+        dxs = apply_masked_t(dys_g, st.cb, native).view(x.shape)
+        dcb = masked_outer(dys_g, xs, native)
+        if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
+            dxs_x, dys_ys, q = native_cpu.scan_backward_pointwise(dxs, x, dy, dys, ys, s,
+                                                                  st.diag)
+            dx = dxs
+        else:
+            scratch = torch.empty_like(dxs)
+            dxs_x, dys_ys = _dot(dxs, x, scratch), _dot(dys, ys, scratch)
+            q = _dot(dy, x, scratch)
+            dx = dxs.mul_(s.unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
     dS = dys_ys.sub_(dxs_x * s)
     ddt = dxs_x.mul_(st.col)
     ddt += (q.unflatten(2, (g, -1)) * st.cb_diag.unsqueeze(3)).flatten(2, 3)

@@ -67,6 +67,10 @@ class FastPathVariant:
             decaying heads in one native call each way, reading and adding to the full tensors
             in place (:func:`.native_cpu.wide_forward`; False: gathered, computed with the
             native (L, L) kernels and scattered back by PyTorch ops).
+        fused_products (bool): CPU, quadratic form with ``native_cpu``: the factored heads'
+            (L, L) products and the element-wise work around them in one native call each
+            way, one (sample, direction, group) a task (:func:`.native_cpu.products_forward`;
+            False: scaled copies, products and per-token passes as separate native calls).
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -79,6 +83,7 @@ class FastPathVariant:
     recurrent_scan: bool = True
     recompute_conv_cpu: bool = False
     fused_wide_heads: bool = True
+    fused_products: bool = True
 
 
 _current = FastPathVariant()

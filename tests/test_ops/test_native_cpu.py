@@ -613,8 +613,10 @@ def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
 
 
-@pytest.mark.parametrize('length,recompute', [(23, False), (130, False), (23, True)])
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute):
+@pytest.mark.parametrize('length,recompute,fused', [(23, False, True), (130, False, True),
+                                                    (23, True, True), (23, False, False),
+                                                    (130, False, False)])
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute, fused):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # A = -1: every head factored (the next test has the others)
         m.A_log.zero_()
@@ -623,44 +625,26 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompu
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
                                   'merge_backward', 'scale_tokens', 'scan_output',
                                   'scan_backward_pointwise', 'column_products',
-                                  'masked_outer'))
-    with fast_path_variant(recompute_conv_cpu=recompute):
+                                  'masked_outer', 'products_forward', 'products_backward'))
+    with fast_path_variant(recompute_conv_cpu=recompute, fused_products=fused):
         native = _grads(m, x)
     # forward; the conv's output kept (or recomputed in the backward pass), the scan's output
-    # recomputed there; the (L, L) products but the group matrices' in PyTorch's batched GEMM
-    # at one token block (23 tokens), natively at two (130)
+    # recomputed there; the factored products with their element-wise work in one call each
+    # way, or: scaled copies, the (L, L) products (but the group matrices') in PyTorch's
+    # batched GEMM at one token block (23 tokens), natively at two (130), per-token passes;
+    # then dB and dC
     blocks = length >= 128
-    assert calls == ['conv_silu_forward', 'masked_outer', 'scale_tokens',
-                     *['column_products'] * blocks, 'scan_output', 'merge_forward',
+    if fused:
+        scan_forward, scan_backward = ['products_forward'], ['products_backward']
+    else:
+        scan_forward = ['scale_tokens', *['column_products'] * blocks, 'scan_output']
+        scan_backward = ['scale_tokens', 'scale_tokens',
+                         *['column_products', 'masked_outer'] * blocks,
+                         'scan_backward_pointwise']
+    assert calls == ['conv_silu_forward', 'masked_outer', *scan_forward, 'merge_forward',
                      *['conv_silu_forward'] * recompute, 'scan_output', 'merge_backward',
-                     'scale_tokens', 'scale_tokens', *['column_products', 'masked_outer'] * blocks,
-                     'scan_backward_pointwise', *['column_products'] * (2 * blocks),
-                     'conv_silu_backward']
+                     *scan_backward, *['column_products'] * (2 * blocks), 'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
-
-
-def test_fast_path_changes_layout_in_them(monkeypatch):
-    # the conv and the merge read and write the token-major projections themselves (block by
-    # block in cache): with a weight in the merge the fast path copies nothing across layouts;
-    # without, the merge's copies (the forward pass's gate, the backward pass's gate and output
-    # gradient, and the gate's gradient back) go to the native transpose, which takes them
-    # (same dtype, unit inner strides); with the kernels switched off, to PyTorch's copy
-    x = torch.randn(3, 23, 32, dtype=torch.float64)
-    module, calls = native_cpu.load(), []
-    taken = module.transpose_into
-    monkeypatch.setattr(module, 'transpose_into',
-                        lambda d, s: calls.append('native') or taken(d, s))
-    for rmsnorm, copies in ((True, 0), (False, 4)):
-        m = BiSSD(embed_dims=32, d_state=8, headdim=8, rmsnorm=rmsnorm).double()
-        calls.clear()
-        native = _grads(m, x)
-        assert calls == ['native'] * copies
-        calls.clear()
-        with fast_path_variant(native_cpu=False):
-            ops = _grads(m, x)
-        assert calls == []
-        for a, b in zip(native, ops):
-            assert torch.equal(a, b) or torch.allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize('length', [23, 130])
@@ -679,9 +663,10 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length, fus
     with fast_path_variant(fused_wide_heads=fused):
         native = _grads(m, x)
     blocks = length >= 128
-    # the factored heads' (L, L) products natively at several token blocks (130 tokens): four
-    # column products and two masked outer products (one of them, C^T B, at any length)
-    factored = dict(column_products=4 * blocks, masked_outer=1 + blocks)
+    # the factored heads' (L, L) products: C^T B natively at any length, the others (with
+    # their element-wise work) in one call each way, then dB and dC natively at several token
+    # blocks (130 tokens)
+    factored = dict(column_products=2 * blocks, masked_outer=1)
     if fused:  # one call each way for both directions' wide heads, products inside
         assert [c for c in calls if c.startswith('wide')] == ['wide_forward', 'wide_backward']
         wide = dict(column_products=0, masked_outer=0)
@@ -750,8 +735,10 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
 
 
 @pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads',
-                                    'wide_forward', 'wide_backward', 'chunk_scan_backward',
-                                    'recurrent_scan_backward', 'scan_steps'])
+                                    'wide_forward', 'wide_backward', 'products_forward',
+                                    'products_backward', 'scan_backward_pointwise',
+                                    'chunk_scan_backward', 'recurrent_scan_backward',
+                                    'scan_steps'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
     monkeypatch.setattr(native_cpu, '_state', {})

@@ -134,10 +134,13 @@ def test_triangle_blocks_equal_the_full_products():
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize('length', [33, 200])  # one and three token blocks
-def test_fused_wide_heads_equal_the_gathered_ones(dtype, tol, length):
+@pytest.mark.parametrize('switch', ['fused_wide_heads', 'fused_products'])
+def test_fused_kernels_equal_the_separate_calls(dtype, tol, length, switch):
     """The strongly decaying heads in one native call each way == gathered, computed by the
     (L, L) kernels and scattered back: several per direction, some sharing a group matrix, at
-    scattered (sample, direction, head) places; the output replayed from the state too."""
+    scattered (sample, direction, head) places; the factored products with their element-wise
+    work in one call == scaled copies, products and per-token passes one call each; the output
+    replayed from the state too."""
     gen = torch.Generator().manual_seed(length)
     b, R, h, p, g, n = 3, 2, 6, 8, 2, 16
     x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=dtype) for _ in range(2))
@@ -151,7 +154,7 @@ def test_fused_wide_heads_equal_the_gathered_ones(dtype, tol, length):
     D = torch.randn(R, h, generator=gen, dtype=dtype)
     results = []
     for fused in (True, False):
-        with fast_path_variant(fused_wide_heads=fused):
+        with fast_path_variant(**{switch: fused}):
             y, st = scan_forward(x, dt, A, B, C, D, native=True)
             assert st.wide.sum() == b * R + 3 and not st.wide.all()
             results.append((y, st.output(x, native=True),

@@ -98,6 +98,8 @@ FAST_PATH_SWITCHES = {
                           '(off: keep it; less memory when on, faster when off)',
     'fused_wide_heads': 'CPU, native kernels: the scan\'s strongly decaying heads in one call '
                         'each way (off: gathered, computed and scattered back by PyTorch ops)',
+    'fused_products': 'CPU, native kernels: the scan\'s factored products and the element-wise '
+                      'work around them in one call each way (off: separate calls)',
 }
 
 

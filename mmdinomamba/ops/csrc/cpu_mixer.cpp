@@ -1056,27 +1056,49 @@ void scale_tokens_kernel(const T* x, const Planes& px, const T* s, T* out) {
   });
 }
 
+// One plane (p x L) of y = ys row + x diag.
+template <typename T>
+void output_plane(const T* yn, const T* rn, const T* xn, const T* dn, int64_t channels,
+                  int64_t L, T* on) {
+  for (int64_t c = 0; c < channels; ++c) {
+#pragma omp simd
+    for (int64_t l = 0; l < L; ++l) on[c * L + l] = yn[c * L + l] * rn[l] + xn[c * L + l] * dn[l];
+  }
+}
+
 template <typename T>
 void scan_output_kernel(const T* ys, const Planes& pys, const T* row, const T* x,
                         const Planes& px, const T* diag, T* out) {
   const int64_t L = px.length, plane = px.channels * L;
   at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* yn = ys + pys.offset(n);
-      const T* xn = x + px.offset(n);
-      const T* rn = row + n * L;
-      const T* dn = diag + n * L;
-      T* on = out + n * plane;
-      for (int64_t c = 0; c < px.channels; ++c) {
-#pragma omp simd
-        for (int64_t l = 0; l < L; ++l)
-          on[c * L + l] = yn[c * L + l] * rn[l] + xn[c * L + l] * dn[l];
-      }
-    }
+    for (int64_t n = begin; n < end; ++n)
+      output_plane(ys + pys.offset(n), row + n * L, x + px.offset(n), diag + n * L, px.channels,
+                   L, out + n * plane);
   });
 }
 
-// dx = dxs s + dy diag written over dxs; per token: sum_p dxs x, sum_p dys ys, sum_p dy x.
+// One plane of dx = dxs s + dy diag written over dxs (gn); per token: a = sum_p dxs x,
+// b = sum_p dys ys, q = sum_p dy x.
+template <typename T>
+void backward_pointwise_plane(T* gn, const T* xn, const T* dyn, const T* dysn, const T* ysn,
+                              const T* sn, const T* dn, int64_t channels, int64_t L, T* a, T* b,
+                              T* q) {
+  std::fill(a, a + L, T(0));
+  std::fill(b, b + L, T(0));
+  std::fill(q, q + L, T(0));
+  for (int64_t c = 0; c < channels; ++c) {
+    const int64_t o = c * L;
+#pragma omp simd
+    for (int64_t l = 0; l < L; ++l) {
+      const T g = gn[o + l], xv = xn[o + l], dv = dyn[o + l];
+      a[l] += g * xv;
+      b[l] += dysn[o + l] * ysn[o + l];
+      q[l] += dv * xv;
+      gn[o + l] = g * sn[l] + dv * dn[l];
+    }
+  }
+}
+
 template <typename T>
 void scan_backward_pointwise_kernel(T* dxs, const T* x, const Planes& px, const T* dy,
                                     const Planes& pdy, const T* dys, const Planes& pdys,
@@ -1084,32 +1106,10 @@ void scan_backward_pointwise_kernel(T* dxs, const T* x, const Planes& px, const 
                                     T* dxs_x, T* dys_ys, T* dy_x) {
   const int64_t L = px.length, plane = px.channels * L;
   at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      T* gn = dxs + n * plane;
-      const T* xn = x + px.offset(n);
-      const T* dyn = dy + pdy.offset(n);
-      const T* dysn = dys + pdys.offset(n);
-      const T* ysn = ys + pys.offset(n);
-      const T* sn = s + n * L;
-      const T* dn = diag + n * L;
-      T* a = dxs_x + n * L;
-      T* b = dys_ys + n * L;
-      T* q = dy_x + n * L;
-      std::fill(a, a + L, T(0));
-      std::fill(b, b + L, T(0));
-      std::fill(q, q + L, T(0));
-      for (int64_t c = 0; c < px.channels; ++c) {
-        const int64_t o = c * L;
-#pragma omp simd
-        for (int64_t l = 0; l < L; ++l) {
-          const T g = gn[o + l], xv = xn[o + l], dv = dyn[o + l];
-          a[l] += g * xv;
-          b[l] += dysn[o + l] * ysn[o + l];
-          q[l] += dv * xv;
-          gn[o + l] = g * sn[l] + dv * dn[l];
-        }
-      }
-    }
+    for (int64_t n = begin; n < end; ++n)
+      backward_pointwise_plane(dxs + n * plane, x + px.offset(n), dy + pdy.offset(n),
+                               dys + pdys.offset(n), ys + pys.offset(n), s + n * L, diag + n * L,
+                               px.channels, L, dxs_x + n * L, dys_ys + n * L, dy_x + n * L);
   });
 }
 
@@ -1567,6 +1567,15 @@ void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Plan
   });
 }
 
+void check_group_matrices(const at::Tensor& cb, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(cb.dim() == 5 && cb.size(0) == x.size(0) && cb.size(1) == x.size(1) &&
+                  cb.size(2) >= 1 && x.size(2) % cb.size(2) == 0 && cb.size(3) == x.size(4) &&
+                  cb.size(4) == x.size(4) && cb.is_contiguous() &&
+                  cb.scalar_type() == x.scalar_type(),
+              "native scan: ", name, " must be a contiguous (b, R, g, L, L) tensor of x's dtype "
+              "with g dividing the heads, got ", cb.sizes());
+}
+
 void check_wide_call(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& S,
                      const at::Tensor& cb, const at::Tensor& wide) {
   check_planes(x, x, "x");
@@ -1574,12 +1583,7 @@ void check_wide_call(const at::Tensor& x, const at::Tensor& dt, const at::Tensor
   TORCH_CHECK(S.sizes() == dt.sizes() && S.is_contiguous() && S.scalar_type() == at::kDouble,
               "native wide heads: S must be a contiguous float64 tensor shaped like dt ",
               dt.sizes(), ", got ", S.sizes(), " ", S.scalar_type());
-  TORCH_CHECK(cb.dim() == 5 && cb.size(0) == x.size(0) && cb.size(1) == x.size(1) &&
-                  cb.size(2) >= 1 && x.size(2) % cb.size(2) == 0 && cb.size(3) == x.size(4) &&
-                  cb.size(4) == x.size(4) && cb.is_contiguous() &&
-                  cb.scalar_type() == x.scalar_type(),
-              "native wide heads: cb must be a contiguous (b, R, g, L, L) tensor of x's dtype "
-              "with g dividing the heads, got ", cb.sizes());
+  check_group_matrices(cb, x, "cb");
   TORCH_CHECK(wide.sizes() == x.sizes().slice(0, 3) && wide.is_contiguous() &&
                   wide.scalar_type() == at::kBool,
               "native wide heads: wide must be a contiguous (b, R, h) bool tensor, got ",
@@ -1632,6 +1636,165 @@ at::Tensor wide_backward(const at::Tensor& dy, const at::Tensor& x, const at::Te
   for (std::size_t n = 0; n < list.size(); ++n)  // in list order: independent of the threads
     da[list[n].dir * heads + list[n].plane % heads] += pairs[n];
   return dA;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The factored form's products with the element-wise work around them (ssd_quadratic.py's
+// scan_forward and scan_backward with fused_products), one task per (sample, direction,
+// group): the scaled operands xs = x s and dys = dy row of the group's heads are built in a
+// buffer of the task (the heads side by side, as ssd_quadratic._grouped views them), the
+// products run per token block as column_products and masked_outer run them, and the
+// per-token work that reads their results follows while these are still in cache, instead of
+// a pass over memory for each operand and result.
+
+// The heads of a group side by side: rows() (heads x channels) of length tokens; unit u
+// = (b, r, g) holds the planes [first(u), first(u) + heads_per_group) of its direction().
+struct GroupPlanes {
+  int64_t heads_per_group, channels, length, groups, dirs;
+  int64_t rows() const { return heads_per_group * channels; }
+  int64_t direction(int64_t u) const { return (u / groups) % dirs; }
+  int64_t first(int64_t u) const {
+    return (u / groups) * groups * heads_per_group + (u % groups) * heads_per_group;
+  }
+};
+
+// out (rh p x L) = the group's planes of t, each head's p rows times its per-token s (L).
+template <typename T>
+void scale_group(const T* t, const Planes& pt, const T* s, int64_t plane0, const GroupPlanes& gp,
+                 T* out) {
+  const int64_t L = gp.length, p = gp.channels;
+  for (int64_t hh = 0; hh < gp.heads_per_group; ++hh)
+    scale_plane(t + pt.offset(plane0 + hh), s + (plane0 + hh) * L, p, L, out + hh * p * L);
+}
+
+template <typename T>
+void products_forward_kernel(const T* x, const Planes& px, const T* s, const T* cb,
+                             const T* row, const T* diag, int64_t groups,
+                             const std::vector<int64_t>& bounds, T* ys, T* y) {
+  const int64_t L = px.length, p = px.channels, rh = px.heads / groups, area = L * L;
+  const GroupPlanes gp{rh, p, L, groups, px.dirs};
+  const int64_t blocks = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t units = px.batch * px.dirs * groups;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    Buffer<T> xs(gp.rows() * L);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t r = gp.direction(u), plane0 = gp.first(u);
+      scale_group(x, px, s, plane0, gp, xs.data());
+      T* yu = ys + plane0 * p * L;  // ys is contiguous (b, R, h, p, L)
+      for (int64_t j = 0; j < blocks; ++j) {
+        // ys[:, block j] = xs[:, k0:k1] @ cb[block j, k0:k1]^T
+        const int64_t j0 = bounds[j], j1 = bounds[j + 1];
+        const int64_t k0 = r == 0 ? 0 : j0, k1 = r == 0 ? j1 : L;
+        gemm<T>(false, true, gp.rows(), j1 - j0, k1 - k0, xs.data() + k0, L,
+                cb + u * area + j0 * L + k0, L, yu + j0, L);
+      }
+      for (int64_t hh = 0; hh < rh; ++hh) {  // y = ys row + x diag
+        const int64_t n = plane0 + hh;
+        output_plane(yu + hh * p * L, row + n * L, x + px.offset(n), diag + n * L, p, L,
+                     y + n * p * L);
+      }
+    }
+  });
+}
+
+template <typename T>
+void products_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Planes& px,
+                              const T* ys, const T* s, const T* row, const T* diag, const T* cb,
+                              int64_t groups, const std::vector<int64_t>& bounds, T* dx, T* dcb,
+                              T* dxs_x, T* dys_ys, T* dy_x) {
+  const int64_t L = px.length, p = px.channels, rh = px.heads / groups, area = L * L;
+  const GroupPlanes gp{rh, p, L, groups, px.dirs};
+  const int64_t blocks = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t units = px.batch * px.dirs * groups;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    Buffer<T> xs(gp.rows() * L), dys(gp.rows() * L);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t r = gp.direction(u), plane0 = gp.first(u);
+      const bool lower = r == 0;
+      scale_group(x, px, s, plane0, gp, xs.data());
+      scale_group(dy, pdy, row, plane0, gp, dys.data());
+      T* dxu = dx + plane0 * p * L;  // dx is contiguous (b, R, h, p, L): dxs here first
+      const T* cu = cb + u * area;
+      T* du = dcb + u * area;
+      for (int64_t j = 0; j < blocks; ++j) {
+        const int64_t j0 = bounds[j], j1 = bounds[j + 1];
+        // dxs[:, block j] = dys[:, k0:k1] @ cb[k0:k1, block j] (the rows below it when lower)
+        const int64_t k0 = lower ? j0 : 0, k1 = lower ? L : j1;
+        gemm<T>(false, false, gp.rows(), j1 - j0, k1 - k0, dys.data() + k0, L, cu + k0 * L + j0,
+                L, dxu + j0, L);
+        // dcb[block j, c0:c1] = dys[:, block j]^T @ xs[:, c0:c1], zero off the strict triangle
+        const int64_t c0 = lower ? 0 : j0, c1 = lower ? j1 : L;
+        T* rows = du + j0 * L;
+        gemm<T>(true, false, j1 - j0, c1 - c0, gp.rows(), dys.data() + j0, L, xs.data() + c0, L,
+                rows + c0, L);
+        for (int64_t t = j0; t < j1; ++t) {
+          T* rw = rows + (t - j0) * L;
+          if (lower)
+            std::fill(rw + t, rw + L, T(0));
+          else
+            std::fill(rw, rw + t + 1, T(0));
+        }
+      }
+      for (int64_t hh = 0; hh < rh; ++hh) {  // as scan_backward_pointwise_kernel
+        const int64_t n = plane0 + hh;
+        backward_pointwise_plane(dxu + hh * p * L, x + px.offset(n), dy + pdy.offset(n),
+                                 dys.data() + hh * p * L, ys + n * p * L, s + n * L,
+                                 diag + n * L, p, L, dxs_x + n * L, dys_ys + n * L,
+                                 dy_x + n * L);
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> products_forward(const at::Tensor& x, const at::Tensor& s,
+                                         const at::Tensor& cb, const at::Tensor& row,
+                                         const at::Tensor& diag,
+                                         const std::vector<int64_t>& bounds_in) {
+  check_planes(x, x, "x");
+  check_tokens(s, x, "s");
+  check_tokens(row, x, "row");
+  check_tokens(diag, x, "diag");
+  check_group_matrices(cb, x, "cb");
+  const auto bounds = checked_bounds(bounds_in, x.size(4));
+  auto ys = at::empty(x.sizes(), x.options()), y = at::empty(x.sizes(), x.options());
+  const Planes px(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "products_forward", [&] {
+    products_forward_kernel<scalar_t>(x.data_ptr<scalar_t>(), px, s.data_ptr<scalar_t>(),
+                                      cb.data_ptr<scalar_t>(), row.data_ptr<scalar_t>(),
+                                      diag.data_ptr<scalar_t>(), cb.size(2), bounds,
+                                      ys.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
+  });
+  return {ys, y};
+}
+
+std::vector<at::Tensor> products_backward(const at::Tensor& dy, const at::Tensor& x,
+                                          const at::Tensor& ys, const at::Tensor& s,
+                                          const at::Tensor& row, const at::Tensor& diag,
+                                          const at::Tensor& cb,
+                                          const std::vector<int64_t>& bounds_in) {
+  check_planes(x, x, "x");
+  check_planes(dy, x, "dy");
+  TORCH_CHECK(ys.sizes() == x.sizes() && ys.is_contiguous() && ys.scalar_type() == x.scalar_type(),
+              "native scan: ys must be a contiguous tensor like x");
+  check_tokens(s, x, "s");
+  check_tokens(row, x, "row");
+  check_tokens(diag, x, "diag");
+  check_group_matrices(cb, x, "cb");
+  const auto bounds = checked_bounds(bounds_in, x.size(4));
+  auto dx = at::empty(x.sizes(), x.options()), dcb = at::empty(cb.sizes(), cb.options());
+  const std::vector<int64_t> tokens{x.size(0), x.size(1), x.size(2), x.size(4)};
+  auto dxs_x = at::empty(tokens, x.options()), dys_ys = at::empty(tokens, x.options());
+  auto dy_x = at::empty(tokens, x.options());
+  const Planes px(x), pdy(dy);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "products_backward", [&] {
+    products_backward_kernel<scalar_t>(
+        dy.data_ptr<scalar_t>(), pdy, x.data_ptr<scalar_t>(), px, ys.data_ptr<scalar_t>(),
+        s.data_ptr<scalar_t>(), row.data_ptr<scalar_t>(), diag.data_ptr<scalar_t>(),
+        cb.data_ptr<scalar_t>(), cb.size(2), bounds, dx.data_ptr<scalar_t>(),
+        dcb.data_ptr<scalar_t>(), dxs_x.data_ptr<scalar_t>(), dys_ys.data_ptr<scalar_t>(),
+        dy_x.data_ptr<scalar_t>());
+  });
+  return {dx, dcb, dxs_x, dys_ys, dy_x};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2678,6 +2841,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wide_backward", &wide_backward,
         "the wide heads' gradients added to dx, ddt, dS and dcb in place; returns their dA "
         "(R, h) in float64");
+  m.def("products_forward", &products_forward,
+        "the factored form's [ys, y = ys row + x diag] (b, R, h, p, L) of x scaled by s, per "
+        "(sample, direction, group) in one pass");
+  m.def("products_backward", &products_backward,
+        "gradients of products_forward's products for dy: [dx = dxs s + dy diag, dcb, and the "
+        "per-token sums over p of dxs x, dys ys, dy x]");
   m.def("scan_factors", &scan_factors,
         "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
         "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range "
