@@ -181,6 +181,29 @@ def test_interleaved_rounds_time_every_model_in_one_process():
                                                                   times['dinovim-t'])]
 
 
+def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
+    """--ab SWITCH: one model, the switch on and off in turn; every timed step sees the variant
+    of its half of the round, and the ratio is off's step time over on's."""
+    tool, seen = _tool(), []
+    from mmdinomamba.ops import current_variant
+
+    def fake_median_step(model, optim, x, mode, device, iters, amp):
+        on = current_variant().fused_products
+        seen.append((on, iters))
+        return 0.1 if on else 0.15
+
+    monkeypatch.setattr(tool, '_median_step', fake_median_step)
+    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
+               '--modes', 'fwd', '--iters', '2', '--warmup', '1', '--interleave', '3',
+               '--ab', 'fused_products'])
+    assert seen == [(True, 1), (False, 1)] + [(True, 2), (False, 2)] * 3
+    out = capsys.readouterr().out
+    assert '3 rounds of 2 steps each way' in out
+    assert 'dinovim-t 32px fwd batch 1: on 100.0 ms, off 150.0 ms a step; speed on / off ' \
+        '1.500 x (rounds 1.500-1.500)' in out
+    assert tool._switched('quadratic', False) == dict(quadratic_max_len=0)
+
+
 def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
     nested pieces fit inside the mixer's time and every function is restored afterwards."""

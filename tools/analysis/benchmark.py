@@ -32,6 +32,8 @@ Example::
         --breakdown dinovim-t 224 fwd+bwd      # the mixer's pieces, timed inside whole steps
     python tools/analysis/benchmark.py --device cpu --archs dinovim-t --res 224 --batch 8 \
         --modes fwd+bwd --iters 3 --keep-freed-memory --interleave 8   # ratio in one process
+    python tools/analysis/benchmark.py --device cpu --archs dinovim-t --res 224 --batch 8 \
+        --modes fwd+bwd --iters 2 --keep-freed-memory --ab fused_products  # one switch, A/B
 """
 import argparse
 import json
@@ -521,6 +523,49 @@ def format_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def _switched(name: str, on: bool) -> dict:
+    """The :func:`mmdinomamba.ops.fast_path_variant` keywords that turn switch ``name`` on or
+    off (``quadratic`` stands for ``quadratic_max_len``: None or 0)."""
+    if name == 'quadratic':
+        return dict(quadratic_max_len=None if on else 0)
+    return {name: on}
+
+
+def ab(args) -> str:
+    """``--ab SWITCH``: each case of ``--archs`` / ``--res`` / ``--modes`` set up once in this
+    process and run with the fast-path switch on and off in turn, ``--iters`` steps each, over
+    ``--interleave`` rounds (10 if not given), after ``--warmup`` steps each way; returns per
+    case the median step time each way and the speed ratio on / off (the median of the
+    rounds' ratios, and their range). The other switches stay as the command line sets them."""
+    from mmdinomamba.ops import fast_path_variant
+    options, rounds = build_options(args), args.interleave or 10
+    lines = [f'--ab {args.ab}: on / off alternating in one process, {rounds} rounds of '
+             f'{args.iters} steps each way, threads={torch.get_num_threads()}']
+    for name in args.archs:
+        for res in args.res:
+            for mode in args.modes:
+                batch = _batch_for(args, res)
+                model, optim, x = _setup(name, res, mode, batch, args.device, args.compile,
+                                         options)
+                times = {True: [], False: []}
+                for count, record in ((args.warmup, False), (rounds, True)):
+                    for _ in range(count):
+                        for on in (True, False):
+                            with fast_path_variant(**{**options['variant'],
+                                                      **_switched(args.ab, on)}):
+                                t = _median_step(model, optim, x, mode, args.device,
+                                                 args.iters if record else 1, args.amp)
+                            if record:
+                                times[on].append(t)
+                ratios = [off / on for on, off in zip(times[True], times[False])]
+                lines.append(f'{name} {res}px {mode} batch {batch}: '
+                             f'on {statistics.median(times[True]) * 1e3:.1f} ms, '
+                             f'off {statistics.median(times[False]) * 1e3:.1f} ms a step; '
+                             f'speed on / off {statistics.median(ratios):.3f} x '
+                             f'(rounds {min(ratios):.3f}-{max(ratios):.3f})')
+    return '\n'.join(lines)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--archs', nargs='+', default=list(DEFAULT_ARCHS), choices=list(ARCHS))
@@ -566,6 +611,10 @@ def parse_args(argv=None):
     parser.add_argument('--breakdown', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
                         help="instead of the table: time the pieces of BiSSD's CPU fast path "
                         'inside whole steps of one case, e.g. --breakdown dinovim-t 224 fwd+bwd')
+    parser.add_argument('--ab', choices=list(FAST_PATH_SWITCHES), metavar='SWITCH',
+                        help='instead of the table: each case with this fast-path switch on and '
+                        'off, alternating in one process (--interleave rounds, default 10), and '
+                        'the speed ratio on / off, e.g. --ab fused_products')
     parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -577,7 +626,8 @@ def main(argv=None) -> None:
     if args.interleave < 0:
         sys.exit(f'--interleave must be >= 0, got {args.interleave}')
     # in this process: the one case measured, or the interleaved rounds
-    if args.keep_freed_memory and (args.one or args.profile or args.breakdown or args.interleave):
+    if args.keep_freed_memory and (args.one or args.profile or args.breakdown or args.interleave
+                                   or args.ab):
         from mmdinomamba.ops import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     if args.profile:
@@ -585,6 +635,9 @@ def main(argv=None) -> None:
         return
     if args.breakdown:
         print(breakdown(args))
+        return
+    if args.ab:
+        print(ab(args))
         return
     if args.one:
         name, res, mode = args.one
