@@ -14,7 +14,10 @@ less than 1e-26 relative. ``dA`` is summed pair by pair (``sum_ij G_ij (T_i - T_
 cumulative ``dt``), because ``sum_i T_i dS_i`` would cancel terms far larger than the result.
 
 Every function takes the full (b, R, h, ...) tensors of :mod:`.ssd_quadratic` and the ``wide``
-mask, and adds the wide heads' share in place.
+mask, and adds the wide heads' share in place. With the native kernels, :func:`add_forward` and
+:func:`add_backward` are one call each (:func:`.native_cpu.wide_forward`), which takes the
+factors at the floor as zero and skips the parts of a token block's products where all of
+them sit there (less than 1e-26 relative either way).
 """
 import torch
 from torch import Tensor

@@ -539,8 +539,9 @@ def ab(args) -> str:
     rounds' ratios, and their range). The other switches stay as the command line sets them."""
     from mmdinomamba.ops import fast_path_variant
     options, rounds = build_options(args), args.interleave or 10
-    lines = [f'--ab {args.ab}: on / off alternating in one process, {rounds} rounds of '
-             f'{args.iters} steps each way, threads={torch.get_num_threads()}']
+    steps = f'{args.iters} step' + ('s' if args.iters != 1 else '')
+    lines = [f'--ab {args.ab}: on / off alternating in one process, {rounds} rounds of {steps} '
+             f'each way, threads={torch.get_num_threads()}']
     for name in args.archs:
         for res in args.res:
             for mode in args.modes:
