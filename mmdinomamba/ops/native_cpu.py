@@ -333,6 +333,14 @@ def planes_fit(*tensors: Tensor) -> bool:
         for t in tensors)
 
 
+def fused_fit(planes: list[Tensor], flat: list[Tensor]) -> bool:
+    """Whether operands suit the scan's fused kernels (:func:`products_forward`,
+    :func:`wide_forward` and their backward passes): (b, R, h, p, L) ``planes`` as
+    :func:`planes_fit` says and contiguous ``flat`` tensors of their dtype."""
+    return planes_fit(*planes) and all(t.is_contiguous() and t.dtype == planes[0].dtype
+                                       for t in flat)
+
+
 def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
                  factored_range: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Both directions' step sizes ``dt = softplus(raw + dt_bias[r])`` (b, 2, h, L) from the

@@ -116,10 +116,8 @@ def _output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor, native: bool) -> T
 def _products_fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
     """Whether the factored products run with their element-wise work in one native call
     (:func:`.native_cpu.products_forward`, :func:`.native_cpu.products_backward`): asked to
-    (``native`` and the variant), (b, R, h, p, L) ``planes`` as :func:`.native_cpu.planes_fit`
-    says and contiguous ``flat`` tensors of their dtype."""
-    return (native and current_variant().fused_products and native_cpu.planes_fit(*planes)
-            and all(t.is_contiguous() and t.dtype == planes[0].dtype for t in flat))
+    (``native`` and the variant) and operands as :func:`.native_cpu.fused_fit` says."""
+    return native and current_variant().fused_products and native_cpu.fused_fit(planes, flat)
 
 
 def _grouped(t: Tensor, groups: int) -> Tensor:

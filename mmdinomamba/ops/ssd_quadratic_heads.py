@@ -119,12 +119,12 @@ def _decay(hi: Tensor) -> Tensor:
     return exp_decay(hi[..., :, None] - hi[..., None, :])
 
 
-def _fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
+def _fused(native: bool, S: Tensor, planes: list[Tensor], flat: list[Tensor]) -> bool:
     """Whether the wide heads run as one native call each way (:func:`.native_cpu.wide_forward`,
-    :func:`.native_cpu.wide_backward`): asked to (``native`` and the variant), (b, R, h, p, L)
-    ``planes`` as :func:`.native_cpu.planes_fit` says and contiguous ``flat`` tensors."""
-    return (native and current_variant().fused_wide_heads and native_cpu.planes_fit(*planes)
-            and all(t.is_contiguous() for t in flat))
+    :func:`.native_cpu.wide_backward`): asked to (``native`` and the variant), operands as
+    :func:`.native_cpu.fused_fit` says and a contiguous float64 ``S``."""
+    return (native and current_variant().fused_wide_heads and native_cpu.fused_fit(planes, flat)
+            and S.is_contiguous())
 
 
 def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
@@ -132,7 +132,7 @@ def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
     """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
     added parts (N, p, L) in the order of :func:`add_saved` (N wide heads). ``native``: the
     native CPU kernels (:mod:`.native_cpu`), all in one call where the operands suit it."""
-    if _fused(native, [x, y], [dt, S, cb]) and y.dtype == dt.dtype == cb.dtype:
+    if _fused(native, S, [x, y], [dt, cb]):
         return native_cpu.wide_forward(x, dt, S, cb, wide.contiguous(),
                                        block_bounds(x.shape[-1]), y)
     parts, cbs = [], cb.view(-1, *cb.shape[-2:])
@@ -172,8 +172,7 @@ def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide:
     and ``dcb`` in place; returns their ``dA`` (R, h) in float64 (zero for other heads).
     ``native``: the element-wise (L, L) work in the native CPU kernels (:mod:`.native_cpu`),
     everything in one call where the operands suit it."""
-    if (_fused(native, [dy, x, dx], [dt, S, cb, ddt, dS, dcb])
-            and dy.dtype == dt.dtype == cb.dtype == ddt.dtype == dS.dtype == dcb.dtype):
+    if _fused(native, S, [dy, x, dx], [dt, cb, ddt, dS, dcb]):
         return native_cpu.wide_backward(dy, x, dt, S, cb, wide.contiguous(),
                                         block_bounds(x.shape[-1]), dx, ddt, dS, dcb)
     dA = torch.zeros(wide.shape[1:], dtype=torch.float64, device=dy.device)

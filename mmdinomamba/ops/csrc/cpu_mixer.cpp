@@ -1040,19 +1040,21 @@ void check_tokens(const at::Tensor& t, const at::Tensor& x, const char* name) {
               t.sizes());
 }
 
+// out (p x L) = in (p x L, from a plane) times the per-token s.
+template <typename T>
+void scale_plane(const T* in, const T* s, int64_t channels, int64_t length, T* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+#pragma omp simd
+    for (int64_t l = 0; l < length; ++l) out[c * length + l] = in[c * length + l] * s[l];
+  }
+}
+
 template <typename T>
 void scale_tokens_kernel(const T* x, const Planes& px, const T* s, T* out) {
   const int64_t L = px.length, plane = px.channels * L;
   at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* xn = x + px.offset(n);
-      const T* sn = s + n * L;
-      T* on = out + n * plane;
-      for (int64_t c = 0; c < px.channels; ++c) {
-#pragma omp simd
-        for (int64_t l = 0; l < L; ++l) on[c * L + l] = xn[c * L + l] * sn[l];
-      }
-    }
+    for (int64_t n = begin; n < end; ++n)
+      scale_plane(x + px.offset(n), s + n * L, px.channels, L, out + n * plane);
   });
 }
 
@@ -1313,6 +1315,19 @@ void column_products(const at::Tensor& a, const at::Tensor& m, at::Tensor& out,
   });
 }
 
+// Rows [i0, i1) of an (L, L) matrix (rows points at row i0, row stride ld): zero on and above
+// the diagonal (lower) or on and below it, leaving the strict triangle.
+template <typename T>
+void zero_off_triangle(T* rows, int64_t ld, int64_t i0, int64_t i1, int64_t length, bool lower) {
+  for (int64_t t = i0; t < i1; ++t) {
+    T* row = rows + (t - i0) * ld;
+    if (lower)
+      std::fill(row + t, row + length, T(0));
+    else
+      std::fill(row, row + t + 1, T(0));
+  }
+}
+
 // out = dy^T @ x per (b, r, g) (dy, x (b, R, g, P, L); out (b, R, g, L, L)) on direction 0's
 // strict lower and direction 1's strict upper triangle (the other way round unless
 // `first_lower`), zero elsewhere: row block i computes only the columns of its blocks that
@@ -1347,14 +1362,9 @@ void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
         scalar_t* rows = o.plane(b, r, g) + i0 * o.ld;
         gemm<scalar_t>(true, false, i1 - i0, c1 - c0, d.rows, d.plane(b, r, g) + i0, d.ld,
                        v.plane(b, r, g) + c0, v.ld, rows + c0, o.ld);
-        for (int64_t t = i0; t < i1; ++t) {
-          scalar_t* row = rows + (t - i0) * o.ld;
-          if (dg != nullptr) dg[u * length + t] = row[t];
-          if (lower)
-            std::fill(row + t, row + length, scalar_t(0));
-          else
-            std::fill(row, row + t + 1, scalar_t(0));
-        }
+        if (dg != nullptr)
+          for (int64_t t = i0; t < i1; ++t) dg[u * length + t] = rows[(t - i0) * o.ld + t];
+        zero_off_triangle(rows, o.ld, i0, i1, length, lower);
       }
     });
   });
@@ -1400,15 +1410,6 @@ void wide_scales(const double* S, const T* dt, int64_t length, T* hi, T* el, T* 
     el[l] = std::is_same_v<T, double> ? T(1)
                                       : std::exp(static_cast<T>(S[l] - static_cast<double>(hi[l])));
     scale[l] = dt[l] / el[l];
-  }
-}
-
-// out (p x L) = in (p x L, from a plane) times the per-token s.
-template <typename T>
-void scale_plane(const T* in, const T* s, int64_t channels, int64_t length, T* out) {
-  for (int64_t c = 0; c < channels; ++c) {
-#pragma omp simd
-    for (int64_t l = 0; l < length; ++l) out[c * length + l] = in[c * length + l] * s[l];
   }
 }
 
@@ -1727,13 +1728,7 @@ void products_backward_kernel(const T* dy, const Planes& pdy, const T* x, const 
         T* rows = du + j0 * L;
         gemm<T>(true, false, j1 - j0, c1 - c0, gp.rows(), dys.data() + j0, L, xs.data() + c0, L,
                 rows + c0, L);
-        for (int64_t t = j0; t < j1; ++t) {
-          T* rw = rows + (t - j0) * L;
-          if (lower)
-            std::fill(rw + t, rw + L, T(0));
-          else
-            std::fill(rw, rw + t + 1, T(0));
-        }
+        zero_off_triangle(rows, L, j0, j1, L, lower);
       }
       for (int64_t hh = 0; hh < rh; ++hh) {  // as scan_backward_pointwise_kernel
         const int64_t n = plane0 + hh;
