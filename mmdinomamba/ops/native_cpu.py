@@ -119,7 +119,12 @@ def _module():
                                   f'their self-check, the PyTorch ops run instead (slower): '
                                   f'{error}')
             _state['module'], _state['error'] = module, error
-        return _state['module']
+        module = _state['module']
+        serial = current_variant().serial_blas  # the kernels read it from a flag of theirs
+        if module is not None and _state.get('serial_blas') != serial:
+            module.set_serial_blas(serial)
+            _state['serial_blas'] = serial
+        return module
 
 
 #: Largest relative error (norm) of any result of a self-check (the kernels and the PyTorch ops

@@ -71,6 +71,10 @@ class FastPathVariant:
             (L, L) products and the element-wise work around them in one native call each
             way, one (sample, direction, group) a task (:func:`.native_cpu.products_forward`;
             False: scaled copies, products and per-token passes as separate native calls).
+        serial_blas (bool): CPU, native kernels: every GEMM inside their parallel loops runs
+            on its calling thread alone (MKL's thread-local count set to one around it;
+            False: MKL's own threading, which then opens a nested team of all threads for each
+            such GEMM, since PyTorch switches MKL's dynamic thread count off).
     """
     single_scan: bool = True
     fused_conv: bool = True
@@ -84,6 +88,7 @@ class FastPathVariant:
     recompute_conv_cpu: bool = False
     fused_wide_heads: bool = True
     fused_products: bool = True
+    serial_blas: bool = True
 
 
 _current = FastPathVariant()

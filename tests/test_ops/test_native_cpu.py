@@ -544,6 +544,21 @@ def test_kernels_run_on_torchs_threads():
     assert _with_threads(1, lambda: module.parallel_threads(64)) == 1
 
 
+def test_gemms_inside_the_loops_run_on_one_blas_thread():
+    # PyTorch switches MKL's dynamic thread count off: a GEMM inside a parallel loop would open
+    # a nested team of all threads on threads that are busy with the loop's other tasks
+    module = native_cpu.load()
+    if module.loop_blas_threads() == -1:
+        pytest.skip('the BLAS is not MKL')
+    assert _with_threads(2, module.loop_blas_threads) == 1
+    with fast_path_variant(serial_blas=False):
+        native_cpu.load()  # the variant reaches the kernels' flag through the module's lookup
+        # two, not one: the guarded calls above gave every thread its setting back
+        nested = _with_threads(2, module.loop_blas_threads)
+    native_cpu.load()
+    assert nested == 2
+
+
 def test_results_do_not_depend_on_the_thread_count():
     # every output (and every per-sample or per-run partial sum) is computed by one thread in a
     # fixed order: one and two threads give the same bits

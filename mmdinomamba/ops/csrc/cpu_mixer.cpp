@@ -1208,6 +1208,45 @@ bool set_direct_blas(bool on) {
   return previous;
 }
 
+// A GEMM called inside one of the kernels' parallel loops runs on its calling thread alone.
+// PyTorch switches MKL's dynamic thread count off (so that its threads are not torn down
+// between MKL and other parallel code); MKL then opens a nested team of torch's thread count
+// for every such GEMM, on threads that are all busy with the loop's other tasks. The guard sets
+// MKL's thread-local count to one around the call (MKL_Set_Num_Threads_Local, looked up like
+// the GEMMs; no-op where the BLAS is not MKL) and restores it after. On a 2-core Cascade Lake
+// Xeon the quadratic scan's 24 layers (DinoVim-T, batch 8, forward + backward) ran 1.09x
+// faster with it.
+bool serial_blas = true;  // false: the BLAS's own threading inside the loops too (A/B timing)
+
+// Whether the GEMMs inside parallel loops run single-threaded; returns the previous setting.
+bool set_serial_blas(bool on) {
+  const bool previous = serial_blas;
+  serial_blas = on;
+  return previous;
+}
+
+class SerialBlasGuard {
+ public:
+  SerialBlasGuard() {
+    using set_fn = int (*)(int);
+    static const set_fn set_local =
+        reinterpret_cast<set_fn>(blas_symbol("MKL_Set_Num_Threads_Local"));
+    if (serial_blas && set_local != nullptr && at::in_parallel_region()) {
+      set_ = set_local;
+      previous_ = set_local(1);
+    }
+  }
+  ~SerialBlasGuard() {
+    if (set_ != nullptr) set_(previous_);
+  }
+  SerialBlasGuard(const SerialBlasGuard&) = delete;
+  SerialBlasGuard& operator=(const SerialBlasGuard&) = delete;
+
+ private:
+  int (*set_)(int) = nullptr;
+  int previous_ = 0;
+};
+
 // Row-major C (m x n, ldc) = op(A) (m x k) @ op(B) (k x n) (+ C with accumulate), op(A) = A
 // (stored m x k, lda) or, with ta, A^T (A stored k x m); likewise B. BLAS is column-major:
 // C^T = op(B)^T op(A)^T.
@@ -1215,6 +1254,7 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate = false) {
   static void* fn = blas_symbol(std::is_same_v<T, float> ? "sgemm_" : "dgemm_");
+  const SerialBlasGuard serial;
   if (direct_blas && fn != nullptr) {
     const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
     const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
@@ -2812,6 +2852,20 @@ int64_t parallel_threads(int64_t items) {
   return std::count(used.begin(), used.end(), 1);
 }
 
+// MKL's thread count as a GEMM inside a parallel loop sees it (the most over the loop's threads),
+// or -1 where the BLAS is not MKL: whether SerialBlasGuard does its job, for the tests.
+int64_t loop_blas_threads() {
+  using get_fn = int (*)();
+  static const get_fn get = reinterpret_cast<get_fn>(blas_symbol("MKL_Get_Max_Threads"));
+  if (get == nullptr || blas_symbol("MKL_Set_Num_Threads_Local") == nullptr) return -1;
+  std::vector<int> seen(std::max(1, at::get_num_threads()), 0);
+  at::parallel_for(0, static_cast<int64_t>(seen.size()), 1, [&](int64_t, int64_t) {
+    const SerialBlasGuard serial;
+    seen[at::get_thread_num()] = get();
+  });
+  return *std::max_element(seen.begin(), seen.end());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -2878,6 +2932,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("blas_found", &blas_found, "whether the BLAS GEMMs were found in libtorch_cpu");
   m.def("set_direct_blas", &set_direct_blas,
         "true: the BLAS GEMMs directly (if found), false: at::mm_out; returns the previous");
+  m.def("set_serial_blas", &set_serial_blas,
+        "true: the GEMMs inside the kernels' parallel loops run on one BLAS thread each; "
+        "returns the previous");
+  m.def("loop_blas_threads", &loop_blas_threads,
+        "MKL's thread count as seen by a GEMM inside a parallel loop (-1: not MKL)");
   m.def("transpose_into", &transpose_into,
         "dst (b, m, n) = src (b, n, m) transposed (unit stride in the last dimension of both)");
   m.def("parallel_threads", &parallel_threads,
