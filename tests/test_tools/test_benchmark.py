@@ -207,16 +207,23 @@ def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
 def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
     """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
     nested pieces fit inside the mixer's time and every function is restored afterwards."""
-    from mmdinomamba.ops import bidir_inner, ssd_quadratic_heads
-    before = bidir_inner.scan_backward, ssd_quadratic_heads.add_forward
+    from mmdinomamba.ops import bidir_inner, native_cpu, ssd_quadratic_heads
+    before = (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward,
+              native_cpu.products_forward)
     _tool().main(['--device', 'cpu', '--batch', '2', '--iters', '1', '--warmup', '0',
                   '--breakdown', 'dinovim-t', '32', 'fwd+bwd'])
-    assert (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward) == before
-    rows = {line[:50].strip(): float(line[50:60]) for line in
-            capsys.readouterr().out.splitlines()[2:]}
+    assert (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward,
+            native_cpu.products_forward) == before
+    lines = capsys.readouterr().out.splitlines()[2:]
+    # the table's rows, not the line on strongly decaying heads below it (if any ran)
+    rows = {line[:50].strip(): float(line[50:60]) for line in lines
+            if not line.startswith('strongly decaying heads')}
     mixer = rows['mixer between its projections, forward'] + rows[
         'mixer between its projections, backward']
     assert 0 < rows['SSD scan, forward and backward'] < mixer
+    # the factored products, fused or not, inside the scan
+    assert 0 < rows['(L, L) products and the work fused with them'] < rows[
+        'SSD scan, forward and backward']
     assert 0 < rows["both directions' convs + SiLU"] < mixer
     assert 0 < rows['gated RMSNorms and their average'] < mixer
     assert rows['rest: projections, norms, residuals, other layers'] > 0
