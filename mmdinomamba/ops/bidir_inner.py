@@ -10,7 +10,8 @@ anti-causal there), so nothing is flipped, concatenated or normalized twice, and
 pass is written by hand: it keeps the projection, the scan's product and small state, and
 (with the native kernels, unless ``fast_path_variant(recompute_conv_cpu=True)``) the conv's
 output, and recomputes the rest (the scan's per-head matrices are cheaper to rebuild than to
-keep; the recurrence keeps its output alone and recomputes its states; with ``out_proj``
+keep; the quadratic form's output is rebuilt tile by tile inside the merge's native backward
+kernel; the recurrence keeps its output alone and recomputes its states; with ``out_proj``
 inside, the merged output is rebuilt by the merge's backward pass).
 
 The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
@@ -263,11 +264,14 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
     xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native, act)
     u, Bm, Cm = _split_conv(act, dims)
-    y = (st if recurrent else st.output(u, native)).flatten(2, 3)
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
-    dy, dnorm = merge_backward(_tokens(dout, ct), y, _tokens(proj[..., :d], ct), norm_weight,
-                               dims, grad[..., :d], native, mixed)
+    merge_args = (_tokens(dout, ct), _tokens(proj[..., :d], ct), norm_weight, dims,
+                  grad[..., :d], native, mixed)
+    if recurrent:
+        dy, dnorm = merge_backward(merge_args[0], st.flatten(2, 3), *merge_args[1:])
+    else:
+        dy, dnorm = _merge_backward_of_scan(st, u, *merge_args)
     dy = dy.unflatten(2, (-1, dims.headdim))
     if recurrent:
         du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm, Cm,
@@ -281,6 +285,26 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     if grad is not dproj:
         dproj.copy_(grad)
     return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
+
+
+def _merge_backward_of_scan(st: ScanState, u: Tensor, dm: Tensor, z: Tensor,
+                            weight: Tensor | None, dims: InnerDims, dz: Tensor, native: bool,
+                            out: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`merge_backward` of the quadratic scan's output ``st.output(u)``: with the native
+    kernels and the variant's ``fused_output``, rebuilt tile by tile inside the merge's kernel
+    (:func:`.native_cpu.merge_backward_scan`), never written whole; else written first."""
+    ys, outs = st.ys.view(u.shape), [] if out is None else [out]
+    flat = [st.row, st.diag] + ([] if st.y_wide is None else [st.y_wide])
+    if (native and weight is not None and current_variant().fused_output
+            and native_cpu.tokens_fit(u.dtype, dm, z, dz, *outs)
+            and native_cpu.fused_fit([ys, u], flat)
+            and (st.y_wide is not None or not st.wide.any())):
+        dy, dweight = native_cpu.merge_backward_scan(dm, ys, st.row, u, st.diag, st.wide,
+                                                     st.y_wide, z, weight.to(u.dtype),
+                                                     dims.ngroups, dims.eps, dz, out)
+        return dy, dweight.to(weight.dtype)
+    return merge_backward(dm, st.output(u, native).flatten(2, 3), z, weight, dims, dz, native,
+                          out)
 
 
 def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:

@@ -247,6 +247,22 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor, groups: int
     return dy, dweight
 
 
+def merge_backward_scan(dm: Tensor, ys: Tensor, row: Tensor, x: Tensor, diag: Tensor,
+                        wide: Tensor, parts: Tensor | None, z: Tensor, weight: Tensor,
+                        groups: int, eps: float, dz: Tensor,
+                        out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`merge_backward` of the quadratic scan's output ``y = ys row + x diag`` (``ys``,
+    ``x`` (b, 2, h, p, L) as :func:`planes_fit` says, ``row``, ``diag`` (b, 2, h, L)) plus, at
+    the heads ``wide`` (b, 2, h) marks, their ``parts`` (N, p, L) in :func:`wide_forward`'s
+    order (:meth:`.ssd_quadratic.ScanState.output`), rebuilt tile by tile inside the kernel
+    instead of read: the same gradients and ``out`` without ``y`` in memory. Returns ``dy``
+    (b, 2, h p, L) and ``dweight`` (2, h p)."""
+    dy, dweight = _module().merge_backward_scan(dm, ys, row.contiguous(), x, diag.contiguous(),
+                                                wide.contiguous(), parts, z,
+                                                weight.contiguous(), groups, eps, dz, out)
+    return dy, dweight
+
+
 def tokens_fit(dtype: torch.dtype, *tensors: Tensor) -> bool:
     """Whether (b, L, d) tensors suit the native kernels as token-major operands: ``dtype``
     (float32 or float64), unit channel stride, tokens and samples apart."""

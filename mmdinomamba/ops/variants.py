@@ -71,6 +71,10 @@ class FastPathVariant:
             (L, L) products and the element-wise work around them in one native call each
             way, one (sample, direction, group) a task (:func:`.native_cpu.products_forward`;
             False: scaled copies, products and per-token passes as separate native calls).
+        fused_output (bool): CPU, quadratic form with ``native_cpu``: the backward pass
+            rebuilds the scan's output inside the merge's native backward kernel, tile by
+            tile, from the scan's kept product (:func:`.native_cpu.merge_backward_scan`;
+            False: written whole by :func:`.native_cpu.scan_output`, then read by the merge).
         serial_blas (bool): CPU, native kernels: every GEMM inside their parallel loops runs
             on its calling thread alone (MKL's thread-local count set to one around it;
             False: MKL's own threading, which then opens a nested team of all threads for each
@@ -88,6 +92,7 @@ class FastPathVariant:
     recompute_conv_cpu: bool = False
     fused_wide_heads: bool = True
     fused_products: bool = True
+    fused_output: bool = True
     serial_blas: bool = True
 
 

@@ -225,6 +225,75 @@ def test_merge_bad_input_is_named():
                                   torch.empty(2, 5, 7))
 
 
+def _scan_output_operands(dtype, gen, shape=(3, 2, 4, 5, 70)):
+    """The quadratic scan's state for the merge's backward pass: ``x`` a view into a wider
+    conv output, ``ys``, ``row``, ``diag``, a ``wide`` mask (several heads per direction, rows
+    zero there) and the wide heads' ``parts``, and the merge's ``dm``, ``z`` (a view into a
+    wider projection) and weight."""
+    x, (ys, *_), (row, diag) = _scan_operands(dtype, gen, shape)
+    b, R, h, p, L = shape
+    wide = torch.zeros(b, R, h, dtype=torch.bool)
+    wide[0, 0, 1] = wide[2, 0, 3] = wide[1, 1, 0] = wide[1, 1, 2] = wide[2, 1, 2] = True
+    row = row.masked_fill(wide[..., None], 0.)
+    parts = torch.randn(int(wide.sum()), p, L, generator=gen).to(dtype)
+    proj = torch.randn(b, L, h * p + 9, generator=gen).to(dtype)
+    dm = torch.randn(b, L, h * p, generator=gen).to(dtype)
+    nw = torch.randn(2, h * p, generator=gen).to(dtype)
+    return x, ys, row, diag, wide, parts, dm, proj[..., 4:4 + h * p], nw
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('groups', [1, 4])
+def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, groups):
+    """The merge's backward pass with ``y`` rebuilt inside (``ys row + x diag``, plus the wide
+    heads' parts in their order) == the scan's output written first (``ScanState.output``:
+    ``scan_output``, then the parts added), then ``merge_backward``; ``out`` too."""
+    x, ys, row, diag, wide, parts, dm, z, nw = _scan_output_operands(
+        dtype, torch.Generator().manual_seed(groups))
+    assert not x.is_contiguous() and not z.is_contiguous()
+    y = native_cpu.scan_output(ys, row, x, diag)
+    ssd_quadratic_heads.add_saved(y, parts, wide)
+    dz, out = torch.empty_like(dm), torch.empty_like(dm)
+    want = [*native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz,
+            out]
+    dz2, out2 = torch.full_like(dm, float('nan')), torch.full_like(dm, float('nan'))
+    got = [*native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, groups,
+                                           1e-5, dz2, out2), dz2, out2]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol * w.abs().max().item())
+    # no wide head: no parts needed
+    none = torch.zeros_like(wide)
+    y = native_cpu.scan_output(ys, row, x, diag)
+    want = native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz)[0]
+    got = native_cpu.merge_backward_scan(dm, ys, row, x, diag, none, None, z, nw, groups, 1e-5,
+                                         dz2)[0]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_merge_backward_of_the_scan_state_bad_input_is_named():
+    x, ys, row, diag, wide, parts, dm, z, nw = _scan_output_operands(
+        torch.float32, torch.Generator().manual_seed(0))
+    dz = torch.empty_like(dm)
+    with pytest.raises(RuntimeError, match=r'parts must be a contiguous \(5, 5, 70\) tensor'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts[1:], z, nw, 1, 1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'parts must be .* for the 5 wide heads'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, None, z, nw, 1, 1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'wide must be a contiguous \(b, 2, h\) bool'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide.float(), parts, z, nw, 1,
+                                       1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'ys must be a \(b, R, h, p, L\) CPU tensor like x'):
+        native_cpu.merge_backward_scan(dm, ys[..., :-1], row, x, diag, wide, parts, z, nw, 1,
+                                       1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'z must be a \(b, L, C\) = \(3, 70, 20\)'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z[:, :-1], nw, 1,
+                                       1e-5, dz)
+    with pytest.raises(RuntimeError, match='3 groups do not divide d = 20'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, 3, 1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'both directions \(b, 2, h, p, L\)'):
+        native_cpu.merge_backward_scan(dm, ys[:, :1], row[:, :1], x[:, :1], diag[:, :1],
+                                       wide[:, :1], None, z, nw, 1, 1e-5, dz)
+
+
 def _wide_inputs(dtype, heads=5, length=37, mats=4, seed=0):
     """Decay of ``heads`` strongly decaying heads (some exponents below the -60 floor), their
     sorted matrix indices (heads 0-1 and 3-4 share one) and the group matrices."""
@@ -577,8 +646,11 @@ def test_results_do_not_depend_on_the_thread_count():
     rstd = torch.rand(6, 37, 1, generator=gen) + 0.5
     pcb = torch.randn(3, 2, 2, 150, 150, generator=gen)
 
+    mx, mys, mrow, mdiag, mwide, mparts, mdm, mz, mnw = _scan_output_operands(torch.float32, gen)
+
     def run():
         dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
+        mdz, mout = torch.empty_like(mdm), torch.empty_like(mdm)
         dx = torch.empty(6, 37, 40)
         return [*native_cpu.scan_factors(xc[..., :8], b[:, :8], -w[:, :8, 0].abs() * 9, 100.),
                 native_cpu.conv_silu_forward(xc, w, b),
@@ -589,6 +661,8 @@ def test_results_do_not_depend_on_the_thread_count():
                 *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
                 native_cpu.transpose_into(torch.empty(6, 43, 40), xp),
                 native_cpu.scale_tokens(sx, ss), native_cpu.scan_output(sys_, ss, sx, sd),
+                *native_cpu.merge_backward_scan(mdm, mys, mrow, mx, mdiag, mwide, mparts, mz,
+                                                mnw, 2, 1e-5, mdz, mout), mdz, mout,
                 *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], True, True),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], False, False),
@@ -628,26 +702,29 @@ def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
 
 
-@pytest.mark.parametrize('length,recompute,fused', [(23, False, True), (130, False, True),
-                                                    (23, True, True), (23, False, False),
-                                                    (130, False, False)])
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute, fused):
+@pytest.mark.parametrize('length,recompute,fused,output', [
+    (23, False, True, True), (130, False, True, True), (23, True, True, True),
+    (23, False, False, True), (130, False, False, True), (23, False, True, False),
+    (130, False, False, False)])
+def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute, fused,
+                                                    output):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # A = -1: every head factored (the next test has the others)
         m.A_log.zero_()
         m.A_log_b.zero_()
     x = torch.randn(3, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
-                                  'merge_backward', 'scale_tokens', 'scan_output',
-                                  'scan_backward_pointwise', 'column_products',
+                                  'merge_backward', 'merge_backward_scan', 'scale_tokens',
+                                  'scan_output', 'scan_backward_pointwise', 'column_products',
                                   'masked_outer', 'products_forward', 'products_backward'))
-    with fast_path_variant(recompute_conv_cpu=recompute, fused_products=fused):
+    with fast_path_variant(recompute_conv_cpu=recompute, fused_products=fused,
+                           fused_output=output):
         native = _grads(m, x)
     # forward; the conv's output kept (or recomputed in the backward pass), the scan's output
-    # recomputed there; the factored products with their element-wise work in one call each
-    # way, or: scaled copies, the (L, L) products (but the group matrices') in PyTorch's
-    # batched GEMM at one token block (23 tokens), natively at two (130), per-token passes;
-    # then dB and dC
+    # recomputed there inside the merge's backward kernel (or written whole first); the
+    # factored products with their element-wise work in one call each way, or: scaled copies,
+    # the (L, L) products (but the group matrices') in PyTorch's batched GEMM at one token
+    # block (23 tokens), natively at two (130), per-token passes; then dB and dC
     blocks = length >= 128
     if fused:
         scan_forward, scan_backward = ['products_forward'], ['products_backward']
@@ -657,7 +734,8 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompu
                          *['column_products', 'masked_outer'] * blocks,
                          'scan_backward_pointwise']
     assert calls == ['conv_silu_forward', 'masked_outer', *scan_forward, 'merge_forward',
-                     *['conv_silu_forward'] * recompute, 'scan_output', 'merge_backward',
+                     *['conv_silu_forward'] * recompute,
+                     *(['merge_backward_scan'] if output else ['scan_output', 'merge_backward']),
                      *scan_backward, *['column_products'] * (2 * blocks), 'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 
@@ -674,9 +752,11 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length, fus
         m.A_log_b[2:].fill_(math.log(.5))  # factored: few enough wide heads at 130 tokens
     x = torch.randn(2, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'wide_forward', 'wide_backward',
-                                  'column_products', 'masked_outer'))
+                                  'column_products', 'masked_outer', 'merge_backward_scan'))
     with fast_path_variant(fused_wide_heads=fused):
         native = _grads(m, x)
+    # the merge's backward pass rebuilds the scan's output, the wide heads' parts included
+    assert calls.count('merge_backward_scan') == 1
     blocks = length >= 128
     # the factored heads' (L, L) products: C^T B natively at any length, the others (with
     # their element-wise work) in one call each way, then dB and dC natively at several token

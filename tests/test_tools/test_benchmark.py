@@ -25,8 +25,8 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     assert abs(d['params'] - 10.71) < 0.01
     assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
             'quadratic=True triangle_blocks=True native_cpu=True recurrent_scan=True '
-            'recompute_conv_cpu=False fused_wide_heads=True fused_products=True serial_blas=True '
-            'with_cp=False '
+            'recompute_conv_cpu=False fused_wide_heads=True fused_products=True fused_output=True '
+            'serial_blas=True with_cp=False '
             'keep_freed_memory=False '
             'chunk_size=default' in capsys.readouterr().out)
 

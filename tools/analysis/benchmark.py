@@ -102,6 +102,8 @@ FAST_PATH_SWITCHES = {
                         'each way (off: gathered, computed and scattered back by PyTorch ops)',
     'fused_products': 'CPU, native kernels: the scan\'s factored products and the element-wise '
                       'work around them in one call each way (off: separate calls)',
+    'fused_output': 'CPU, native kernels: the backward pass rebuilds the scan\'s output inside '
+                    'the merge\'s kernel, tile by tile (off: written whole, then read)',
     'serial_blas': 'CPU, native kernels: each GEMM inside their parallel loops on one BLAS '
                    'thread (off: the BLAS\'s own threading, nested in the loops)',
 }

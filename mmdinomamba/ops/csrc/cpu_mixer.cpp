@@ -633,20 +633,32 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
   });
 }
 
+// The merge's y as its backward kernel reads it: tile by tile of the channel-major (b, 2, d, L)
+// tensor, into the token-major scratch (ScanOutputInput rebuilds it from the scan's state).
+template <typename T>
+struct MergeInput {
+  const T* y;
+  int64_t d, length;
+  int64_t work_size() const { return 0; }
+  void to_tokens(int64_t b, int64_t t0, int64_t n, T* scratch, T* /* work */) const {
+    tile_to_tokens(y, b, t0, n, d, length, scratch);
+  }
+};
+
 // Gradients for dm: dy (b, 2, d, L), dz (token-major) and the weight's gradient of every tile
 // dw (b * tiles, 2, d) (summed by the caller: a fixed split, whatever the thread count); with
 // Out (out.data set), the forward pass's output again (token-major), from the values the
-// gradients use.
-template <bool Out, typename T>
-void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, const T* w,
+// gradients use. y: a MergeInput or a ScanOutputInput.
+template <bool Out, typename T, typename Y>
+void merge_backward_kernel(Tokens<const T> dm, const Y& y, Tokens<const T> z, const T* w,
                            T* dy, Tokens<T> dz, T* dw, Tokens<T> out, int64_t batch, int64_t d,
                            int64_t length, int64_t groups, T eps) {
   const int64_t cg = d / groups;
   const int64_t mt = merge_tokens(d), tiles = (length + mt - 1) / mt;
   const Buffer<T> wh = half_weights(w, d);
   at::parallel_for(0, batch * tiles, 1, [&](int64_t begin, int64_t end) {
-    // the tile's y and dy (token-major), and one token's exp(-z)
-    Buffer<T> ys(2 * mt * d), dys(2 * mt * d), es(d);
+    // the tile's y and dy (token-major), one token's exp(-z), and y's own scratch
+    Buffer<T> ys(2 * mt * d), dys(2 * mt * d), es(d), work(y.work_size());
     const T* w0 = wh.data();
     const T* w1 = w0 + d;
     for (int64_t item = begin; item < end; ++item) {
@@ -655,7 +667,7 @@ void merge_backward_kernel(Tokens<const T> dm, const T* y, Tokens<const T> z, co
       T* dw0 = dw + item * 2 * d;
       T* dw1 = dw0 + d;
       std::fill(dw0, dw0 + 2 * d, T(0));
-      tile_to_tokens(y, b, t0, n, d, length, ys.data());
+      y.to_tokens(b, t0, n, ys.data(), work.data());
       for (int64_t t = 0; t < n; ++t) {
         const T* zr = z.at(b, t0 + t, 0);
         const T* g = dm.at(b, t0 + t, 0);
@@ -740,6 +752,30 @@ void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w
   });
 }
 
+// merge_backward_kernel for y given by make_input(scalar_t tag) (a MergeInput or a
+// ScanOutputInput); returns [dy (b, 2, d, L), dweight (2, d)].
+template <typename MakeInput>
+std::vector<at::Tensor> merge_backward_of(const at::Tensor& dm, MakeInput&& make_input,
+                                          const at::Tensor& z, const at::Tensor& weight,
+                                          int64_t groups, double eps, at::Tensor& dz,
+                                          const std::optional<at::Tensor>& out, int64_t batch,
+                                          int64_t d, int64_t length) {
+  auto dy = at::empty({batch, 2, d, length}, z.options().dtype(dm.scalar_type()));
+  const int64_t mt = merge_tokens(d), tiles = (length + mt - 1) / mt;
+  auto dw = at::empty({batch * tiles, 2, d}, dy.options());
+  AT_DISPATCH_FLOATING_TYPES(dm.scalar_type(), "merge_backward", [&] {
+    const auto input = make_input(scalar_t(0));
+    using Input = std::decay_t<decltype(input)>;
+    auto kernel = out ? merge_backward_kernel<true, scalar_t, Input>
+                      : merge_backward_kernel<false, scalar_t, Input>;
+    kernel(tokens<const scalar_t>(dm), input, tokens<const scalar_t>(z),
+           weight.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
+           dw.data_ptr<scalar_t>(), out ? tokens<scalar_t>(*out) : Tokens<scalar_t>{}, batch, d,
+           length, groups, static_cast<scalar_t>(eps));
+  });
+  return {dy, dw.sum(0)};
+}
+
 std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y,
                                        const at::Tensor& z, const at::Tensor& weight,
                                        int64_t groups, double eps, at::Tensor& dz,
@@ -749,18 +785,13 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
   check_tokens_like(dz, y, "native merge: dz");
   if (out) check_tokens_like(*out, y, "native merge: out");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
-  auto dy = at::empty_like(y);
-  const int64_t mt = merge_tokens(d), tiles = (length + mt - 1) / mt;
-  auto dw = at::empty({batch * tiles, 2, d}, y.options());
-  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_backward", [&] {
-    auto kernel = out ? merge_backward_kernel<true, scalar_t>
-                      : merge_backward_kernel<false, scalar_t>;
-    kernel(tokens<const scalar_t>(dm), y.data_ptr<scalar_t>(), tokens<const scalar_t>(z),
-           weight.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
-           dw.data_ptr<scalar_t>(), out ? tokens<scalar_t>(*out) : Tokens<scalar_t>{}, batch, d,
-           length, groups, static_cast<scalar_t>(eps));
-  });
-  return {dy, dw.sum(0)};
+  return merge_backward_of(
+      dm,
+      [&](auto tag) {
+        using T = decltype(tag);
+        return MergeInput<T>{y.data_ptr<T>(), d, length};
+      },
+      z, weight, groups, eps, dz, out, batch, d, length);
 }
 
 // ---- the SSD scan's strongly decaying heads (ssd_quadratic_heads.py) ----
@@ -1175,6 +1206,102 @@ at::Tensor scan_output(const at::Tensor& ys, const at::Tensor& row, const at::Te
                                  out.data_ptr<scalar_t>());
   });
   return out;
+}
+
+// The merge's y rebuilt tile by tile from the quadratic scan's state, the values scan_output
+// and then the wide heads' parts (ScanState.output in ssd_quadratic.py) give: y = ys row +
+// x diag, plus its part for a wide head, channel-major in the thread's (d, merge_tokens(d))
+// work buffer, then transposed into the merge's token-major scratch. merge_backward_scan thus
+// reads ys and x where merge_backward reads the y that scan_output wrote: y is neither written
+// nor read again (DinoVim-T: 6.4 MB a layer each way).
+template <typename T>
+struct ScanOutputInput {
+  const T *ys, *row, *x, *diag, *parts;
+  Planes pys, px;
+  const int64_t* part;  // per (b, R, h) plane: its row of parts, or -1
+  int64_t d, length;
+  int64_t work_size() const { return d * merge_tokens(d); }
+  void to_tokens(int64_t b, int64_t t0, int64_t n, T* scratch, T* work) const {
+    const int64_t mt = merge_tokens(d), L = length, heads = px.heads, p = px.channels;
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t plane = (b * 2 + r) * heads + h;
+        const T* rn = row + plane * L + t0;
+        const T* dn = diag + plane * L + t0;
+        const T* yn = ys + pys.offset(plane) + t0;
+        const T* xn = x + px.offset(plane) + t0;
+        const T* pn = part[plane] < 0 ? nullptr : parts + part[plane] * p * L + t0;
+        for (int64_t c = 0; c < p; ++c) {
+          T* o = work + (h * p + c) * mt;
+          const T* yr = yn + c * L;
+          const T* xr = xn + c * L;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) o[j] = yr[j] * rn[j] + xr[j] * dn[j];
+          if (pn) {
+            const T* pr = pn + c * L;
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) o[j] += pr[j];
+          }
+        }
+      }
+      transpose_tiles(work, mt, scratch + r * mt * d, d, n, d);
+    }
+  }
+};
+
+std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tensor& ys,
+                                            const at::Tensor& row, const at::Tensor& x,
+                                            const at::Tensor& diag, const at::Tensor& wide,
+                                            const std::optional<at::Tensor>& parts,
+                                            const at::Tensor& z, const at::Tensor& weight,
+                                            int64_t groups, double eps, at::Tensor& dz,
+                                            std::optional<at::Tensor> out) {
+  check_planes(x, x, "x");
+  check_planes(ys, x, "ys");
+  check_tokens(row, x, "row");
+  check_tokens(diag, x, "diag");
+  const int64_t batch = x.size(0), dirs = x.size(1), heads = x.size(2), p = x.size(3);
+  const int64_t length = x.size(4), d = heads * p;
+  TORCH_CHECK(dirs == 2, "native merge: x must hold both directions (b, 2, h, p, L), got ",
+              x.sizes());
+  TORCH_CHECK(wide.sizes() == x.sizes().slice(0, 3) && wide.is_contiguous() &&
+                  wide.scalar_type() == at::kBool,
+              "native merge: wide must be a contiguous (b, 2, h) bool tensor, got ", wide.sizes(),
+              " ", wide.scalar_type());
+  // the wide heads' rows of parts, in wide_forward's order (direction, sample, head)
+  std::vector<int64_t> part(batch * dirs * heads, -1);
+  const bool* w = wide.data_ptr<bool>();
+  int64_t count = 0;
+  for (int64_t r = 0; r < dirs; ++r)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t plane = (b * dirs + r) * heads + h;
+        if (w[plane]) part[plane] = count++;
+      }
+  TORCH_CHECK(count == 0 || (parts && parts->dim() == 3 && parts->size(0) == count &&
+                             parts->size(1) == p && parts->size(2) == length &&
+                             parts->is_contiguous() && parts->scalar_type() == x.scalar_type()),
+              "native merge: parts must be a contiguous (", count, ", ", p, ", ", length,
+              ") tensor of x's dtype for the ", count, " wide heads");
+  check_token_major(dm, batch, length, d, x.scalar_type(), "native merge: dm");
+  check_token_major(dz, batch, length, d, x.scalar_type(), "native merge: dz");
+  check_token_major(z, batch, length, d, x.scalar_type(), "native merge: z");
+  if (out) check_token_major(*out, batch, length, d, x.scalar_type(), "native merge: out");
+  TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
+                  weight.scalar_type() == x.scalar_type(),
+              "native merge: weight must be a contiguous (2, d) tensor of x's dtype");
+  TORCH_CHECK(groups > 0 && d % groups == 0, "native merge: ", groups,
+              " groups do not divide d = ", d);
+  const Planes pys(ys), px(x);
+  return merge_backward_of(
+      dm,
+      [&](auto tag) {
+        using T = decltype(tag);
+        return ScanOutputInput<T>{ys.data_ptr<T>(), row.data_ptr<T>(), x.data_ptr<T>(),
+                                  diag.data_ptr<T>(), count ? parts->data_ptr<T>() : nullptr,
+                                  pys, px, part.data(), d, length};
+      },
+      z, weight, groups, eps, dz, out, batch, d, length);
 }
 
 std::vector<at::Tensor> scan_backward_pointwise(at::Tensor& dxs, const at::Tensor& x,
@@ -2915,6 +3042,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of merge_forward for the token-major dm (b, L, d): writes dz (b, L, d) "
         "(and, if given, merge_forward's output again into out), returns [dy (b, 2, d, L), "
         "dweight (2, d)]");
+  m.def("merge_backward_scan", &merge_backward_scan,
+        "merge_backward with y = ys row + x diag (+ the wide heads' parts) of the quadratic "
+        "scan's state rebuilt tile by tile instead of read: [dy (b, 2, d, L), dweight (2, d)]");
   m.def("wide_weights", &wide_weights,
         "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
   m.def("wide_grads", &wide_grads,
