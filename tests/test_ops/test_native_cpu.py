@@ -274,12 +274,21 @@ def test_merge_backward_of_the_scan_state_bad_input_is_named():
     x, ys, row, diag, wide, parts, dm, z, nw = _scan_output_operands(
         torch.float32, torch.Generator().manual_seed(0))
     dz = torch.empty_like(dm)
-    with pytest.raises(RuntimeError, match=r'parts must be a contiguous \(5, 5, 70\) tensor'):
+    with pytest.raises(RuntimeError,
+                       match=r'parts must be a contiguous \(5, 5, 70\) CPU tensor'):
         native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts[1:], z, nw, 1, 1e-5, dz)
     with pytest.raises(RuntimeError, match=r'parts must be .* for the 5 wide heads'):
         native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, None, z, nw, 1, 1e-5, dz)
-    with pytest.raises(RuntimeError, match=r'wide must be a contiguous \(b, 2, h\) bool'):
+    with pytest.raises(RuntimeError,
+                       match=r'wide must be a contiguous \(b, 2, h\) bool CPU tensor'):
         native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide.float(), parts, z, nw, 1,
+                                       1e-5, dz)
+    # tensors on another device are refused before any of their memory is read
+    with pytest.raises(RuntimeError, match=r'wide must be .* bool CPU tensor'):
+        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide.to('meta'), parts, z, nw, 1,
+                                       1e-5, dz)
+    with pytest.raises(RuntimeError, match=r'row must be a contiguous \(b, R, h, L\) CPU tensor'):
+        native_cpu.merge_backward_scan(dm, ys, row.to('meta'), x, diag, wide, parts, z, nw, 1,
                                        1e-5, dz)
     with pytest.raises(RuntimeError, match=r'ys must be a \(b, R, h, p, L\) CPU tensor like x'):
         native_cpu.merge_backward_scan(dm, ys[..., :-1], row, x, diag, wide, parts, z, nw, 1,
@@ -405,7 +414,7 @@ def test_scan_pointwise_bad_input_is_named():
         native_cpu.scan_output(ys.transpose(-1, -2).contiguous().transpose(-1, -2), s, x, diag)
     with pytest.raises(RuntimeError, match='dy must be a \(b, R, h, p, L\) CPU tensor like x'):
         native_cpu.scan_backward_pointwise(dxs, x, dy.double(), dys, ys, s, diag)
-    with pytest.raises(RuntimeError, match='s must be a contiguous \(b, R, h, L\) tensor'):
+    with pytest.raises(RuntimeError, match='s must be a contiguous \(b, R, h, L\) CPU tensor'):
         native_cpu.scale_tokens(x, s[..., :5])
     with pytest.raises(RuntimeError, match='dxs must be a contiguous tensor like x'):
         native_cpu.scan_backward_pointwise(x, x, dy, dys, ys, s, diag)

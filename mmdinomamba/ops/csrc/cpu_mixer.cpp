@@ -1098,11 +1098,11 @@ void check_planes(const at::Tensor& t, const at::Tensor& x, const char* name) {
 }
 
 void check_tokens(const at::Tensor& t, const at::Tensor& x, const char* name) {
-  TORCH_CHECK(t.dim() == 4 && t.size(0) == x.size(0) && t.size(1) == x.size(1) &&
-                  t.size(2) == x.size(2) && t.size(3) == x.size(4) && t.is_contiguous() &&
-                  t.scalar_type() == x.scalar_type(),
-              "native scan: ", name, " must be a contiguous (b, R, h, L) tensor of x's dtype, got ",
-              t.sizes());
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.size(0) == x.size(0) &&
+                  t.size(1) == x.size(1) && t.size(2) == x.size(2) && t.size(3) == x.size(4) &&
+                  t.is_contiguous() && t.scalar_type() == x.scalar_type(),
+              "native scan: ", name, " must be a contiguous (b, R, h, L) CPU tensor of x's "
+              "dtype, got ", t.sizes(), " on ", t.device());
 }
 
 // out (p x L) = in (p x L, from a plane) times the per-token s.
@@ -1264,10 +1264,10 @@ std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tens
   const int64_t length = x.size(4), d = heads * p;
   TORCH_CHECK(dirs == 2, "native merge: x must hold both directions (b, 2, h, p, L), got ",
               x.sizes());
-  TORCH_CHECK(wide.sizes() == x.sizes().slice(0, 3) && wide.is_contiguous() &&
-                  wide.scalar_type() == at::kBool,
-              "native merge: wide must be a contiguous (b, 2, h) bool tensor, got ", wide.sizes(),
-              " ", wide.scalar_type());
+  TORCH_CHECK(wide.device().is_cpu() && wide.sizes() == x.sizes().slice(0, 3) &&
+                  wide.is_contiguous() && wide.scalar_type() == at::kBool,
+              "native merge: wide must be a contiguous (b, 2, h) bool CPU tensor, got ",
+              wide.sizes(), " ", wide.scalar_type(), " on ", wide.device());
   // the wide heads' rows of parts, in wide_forward's order (direction, sample, head)
   std::vector<int64_t> part(batch * dirs * heads, -1);
   const bool* w = wide.data_ptr<bool>();
@@ -1278,11 +1278,12 @@ std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tens
         const int64_t plane = (b * dirs + r) * heads + h;
         if (w[plane]) part[plane] = count++;
       }
-  TORCH_CHECK(count == 0 || (parts && parts->dim() == 3 && parts->size(0) == count &&
+  TORCH_CHECK(count == 0 || (parts && parts->device().is_cpu() && parts->dim() == 3 &&
+                             parts->size(0) == count &&
                              parts->size(1) == p && parts->size(2) == length &&
                              parts->is_contiguous() && parts->scalar_type() == x.scalar_type()),
               "native merge: parts must be a contiguous (", count, ", ", p, ", ", length,
-              ") tensor of x's dtype for the ", count, " wide heads");
+              ") CPU tensor of x's dtype for the ", count, " wide heads");
   check_token_major(dm, batch, length, d, x.scalar_type(), "native merge: dm");
   check_token_major(dz, batch, length, d, x.scalar_type(), "native merge: dz");
   check_token_major(z, batch, length, d, x.scalar_type(), "native merge: z");
