@@ -266,12 +266,11 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     u, Bm, Cm = _split_conv(act, dims)
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
-    merge_args = (_tokens(dout, ct), _tokens(proj[..., :d], ct), norm_weight, dims,
-                  grad[..., :d], native, mixed)
+    dm, z, dz = _tokens(dout, ct), _tokens(proj[..., :d], ct), grad[..., :d]
     if recurrent:
-        dy, dnorm = merge_backward(merge_args[0], st.flatten(2, 3), *merge_args[1:])
+        dy, dnorm = merge_backward(dm, st.flatten(2, 3), z, norm_weight, dims, dz, native, mixed)
     else:
-        dy, dnorm = _merge_backward_of_scan(st, u, *merge_args)
+        dy, dnorm = _merge_backward_of_scan(st, u, dm, z, norm_weight, dims, dz, native, mixed)
     dy = dy.unflatten(2, (-1, dims.headdim))
     if recurrent:
         du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm, Cm,
@@ -292,13 +291,13 @@ def _merge_backward_of_scan(st: ScanState, u: Tensor, dm: Tensor, z: Tensor,
                             out: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """:func:`merge_backward` of the quadratic scan's output ``st.output(u)``: with the native
     kernels and the variant's ``fused_output``, rebuilt tile by tile inside the merge's kernel
-    (:func:`.native_cpu.merge_backward_scan`), never written whole; else written first."""
+    (:func:`.native_cpu.merge_backward_scan`), never written whole; else written first.
+    ``st.y_wide`` is None exactly when no head is wide (:func:`.ssd_quadratic.scan_forward`)."""
     ys, outs = st.ys.view(u.shape), [] if out is None else [out]
     flat = [st.row, st.diag] + ([] if st.y_wide is None else [st.y_wide])
     if (native and weight is not None and current_variant().fused_output
             and native_cpu.tokens_fit(u.dtype, dm, z, dz, *outs)
-            and native_cpu.fused_fit([ys, u], flat)
-            and (st.y_wide is not None or not st.wide.any())):
+            and native_cpu.fused_fit([ys, u], flat)):
         dy, dweight = native_cpu.merge_backward_scan(dm, ys, st.row, u, st.diag, st.wide,
                                                      st.y_wide, z, weight.to(u.dtype),
                                                      dims.ngroups, dims.eps, dz, out)

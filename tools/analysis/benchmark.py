@@ -292,8 +292,10 @@ BREAKDOWN = (
                                                 ('ssd_quadratic_heads', 'add_saved')]),
     ("both directions' convs + SiLU", 1, [('bidir_inner', '_conv'),
                                           ('bidir_inner', '_conv_backward')]),
+    # the merge's backward kernel that rebuilds the scan's output (fused_output) counts here
     ('gated RMSNorms and their average', 1, [('bidir_inner', 'merge_forward'),
-                                             ('bidir_inner', 'merge_backward')]),
+                                             ('bidir_inner', 'merge_backward'),
+                                             ('native_cpu', 'merge_backward_scan')]),
 )
 
 

@@ -1123,14 +1123,23 @@ void scale_tokens_kernel(const T* x, const Planes& px, const T* s, T* out) {
   });
 }
 
+// y = ys row + x diag over n tokens of a plane's channels: the rows of ys and x ld apart, those
+// of the output ldo apart.
+template <typename T>
+void output_rows(const T* yn, const T* rn, const T* xn, const T* dn, int64_t channels,
+                 int64_t n, int64_t ld, T* on, int64_t ldo) {
+  for (int64_t c = 0; c < channels; ++c) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; ++l)
+      on[c * ldo + l] = yn[c * ld + l] * rn[l] + xn[c * ld + l] * dn[l];
+  }
+}
+
 // One plane (p x L) of y = ys row + x diag.
 template <typename T>
 void output_plane(const T* yn, const T* rn, const T* xn, const T* dn, int64_t channels,
                   int64_t L, T* on) {
-  for (int64_t c = 0; c < channels; ++c) {
-#pragma omp simd
-    for (int64_t l = 0; l < L; ++l) on[c * L + l] = yn[c * L + l] * rn[l] + xn[c * L + l] * dn[l];
-  }
+  output_rows(yn, rn, xn, dn, channels, L, L, on, L);
 }
 
 template <typename T>
@@ -1230,17 +1239,13 @@ struct ScanOutputInput {
         const T* dn = diag + plane * L + t0;
         const T* yn = ys + pys.offset(plane) + t0;
         const T* xn = x + px.offset(plane) + t0;
-        const T* pn = part[plane] < 0 ? nullptr : parts + part[plane] * p * L + t0;
-        for (int64_t c = 0; c < p; ++c) {
-          T* o = work + (h * p + c) * mt;
-          const T* yr = yn + c * L;
-          const T* xr = xn + c * L;
+        T* on = work + h * p * mt;
+        output_rows(yn, rn, xn, dn, p, n, L, on, mt);
+        if (part[plane] >= 0) {  // the wide head's part, added as ScanState.output adds it
+          const T* pn = parts + part[plane] * p * L + t0;
+          for (int64_t c = 0; c < p; ++c) {
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) o[j] = yr[j] * rn[j] + xr[j] * dn[j];
-          if (pn) {
-            const T* pr = pn + c * L;
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) o[j] += pr[j];
+            for (int64_t j = 0; j < n; ++j) on[c * mt + j] += pn[c * L + j];
           }
         }
       }
