@@ -727,22 +727,35 @@ void check_tokens_like(const at::Tensor& t, const at::Tensor& y, const char* wha
   check_token_major(t, y.size(0), y.size(3), y.size(2), y.scalar_type(), what);
 }
 
-void check_merge(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
-                 int64_t groups) {
-  TORCH_CHECK(y.device().is_cpu() && y.dim() == 4 && y.size(1) == 2 && y.is_contiguous(),
-              "native merge: y must be a contiguous (b, 2, d, L) CPU tensor");
-  check_tokens_like(z, y, "native merge: z");
-  const int64_t d = y.size(2);
-  TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
-                  weight.scalar_type() == y.scalar_type(),
-              "native merge: weight must be a contiguous (2, d) tensor of y's dtype");
+// The merge's weight (2, d) in the operands' dtype and its groups of channels.
+void check_merge_weight(const at::Tensor& weight, int64_t groups, int64_t d,
+                        at::ScalarType dtype) {
+  TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() && weight.scalar_type() == dtype,
+              "native merge: weight must be a contiguous (2, d) tensor of the operands' dtype");
   TORCH_CHECK(groups > 0 && d % groups == 0, "native merge: ", groups,
               " groups do not divide d = ", d);
 }
 
+void check_merge(const at::Tensor& y, const at::Tensor& weight, int64_t groups) {
+  TORCH_CHECK(y.device().is_cpu() && y.dim() == 4 && y.size(1) == 2 && y.is_contiguous(),
+              "native merge: y must be a contiguous (b, 2, d, L) CPU tensor");
+  check_merge_weight(weight, groups, y.size(2), y.scalar_type());
+}
+
+// The merge backward pass's token-major operands (b, L, d): dm, z, dz and out if given.
+void check_merge_tokens(const at::Tensor& dm, const at::Tensor& z, const at::Tensor& dz,
+                        const std::optional<at::Tensor>& out, int64_t batch, int64_t length,
+                        int64_t d, at::ScalarType dtype) {
+  check_token_major(dm, batch, length, d, dtype, "native merge: dm");
+  check_token_major(z, batch, length, d, dtype, "native merge: z");
+  check_token_major(dz, batch, length, d, dtype, "native merge: dz");
+  if (out) check_token_major(*out, batch, length, d, dtype, "native merge: out");
+}
+
 void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& weight,
                    int64_t groups, double eps, at::Tensor& out) {
-  check_merge(y, z, weight, groups);
+  check_merge(y, weight, groups);
+  check_tokens_like(z, y, "native merge: z");
   check_tokens_like(out, y, "native merge: out");
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "merge_forward", [&] {
@@ -780,11 +793,9 @@ std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y
                                        const at::Tensor& z, const at::Tensor& weight,
                                        int64_t groups, double eps, at::Tensor& dz,
                                        std::optional<at::Tensor> out) {
-  check_merge(y, z, weight, groups);
-  check_tokens_like(dm, y, "native merge: dm");
-  check_tokens_like(dz, y, "native merge: dz");
-  if (out) check_tokens_like(*out, y, "native merge: out");
+  check_merge(y, weight, groups);
   const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
+  check_merge_tokens(dm, z, dz, out, batch, length, d, y.scalar_type());
   return merge_backward_of(
       dm,
       [&](auto tag) {
@@ -1289,15 +1300,8 @@ std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tens
                              parts->is_contiguous() && parts->scalar_type() == x.scalar_type()),
               "native merge: parts must be a contiguous (", count, ", ", p, ", ", length,
               ") CPU tensor of x's dtype for the ", count, " wide heads");
-  check_token_major(dm, batch, length, d, x.scalar_type(), "native merge: dm");
-  check_token_major(dz, batch, length, d, x.scalar_type(), "native merge: dz");
-  check_token_major(z, batch, length, d, x.scalar_type(), "native merge: z");
-  if (out) check_token_major(*out, batch, length, d, x.scalar_type(), "native merge: out");
-  TORCH_CHECK(weight.numel() == 2 * d && weight.is_contiguous() &&
-                  weight.scalar_type() == x.scalar_type(),
-              "native merge: weight must be a contiguous (2, d) tensor of x's dtype");
-  TORCH_CHECK(groups > 0 && d % groups == 0, "native merge: ", groups,
-              " groups do not divide d = ", d);
+  check_merge_tokens(dm, z, dz, out, batch, length, d, x.scalar_type());
+  check_merge_weight(weight, groups, d, x.scalar_type());
   const Planes pys(ys), px(x);
   return merge_backward_of(
       dm,
