@@ -1,5 +1,6 @@
 """tools/analysis/benchmark.py: one side-by-side CPU run, ratios to the ViT of the same size."""
 import json
+import math
 
 import pytest
 import torch
@@ -146,6 +147,7 @@ def test_interleave_takes_the_median_of_the_rounds_ratios(tmp_path, monkeypatch,
     assert rows['vit-s']['speed_ratio'] == 1.0
     table = capsys.readouterr().out
     assert 'interleave=3' in table and '0.50-1.50' in table and 'median of the interleaved' in table
+    assert d['speed_ratio_ci'] is None  # too few rounds for a 95% interval
     with pytest.raises(SystemExit, match='--interleave must be >= 0'):
         tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--interleave', '-1'])
 
@@ -181,6 +183,41 @@ def test_interleaved_rounds_time_every_model_in_one_process():
                                                                   times['dinovim-t'])]
 
 
+def test_median_interval_is_the_binomial_order_statistics_interval():
+    """The median's 95% interval: the k-th smallest and largest of n rounds, k the largest with
+    P(Binomial(n, 1/2) < k) <= 2.5% (so coverage >= 95%, and one step narrower falls short);
+    the textbook values at n = 6, 10, 16 and 40; the values' order does not matter."""
+    tool = _tool()
+    for n in range(1, 61):
+        interval = tool.median_interval([float(v) for v in range(n, 0, -1)])
+        below = [sum(math.comb(n, i) for i in range(k)) / 2 ** n for k in range(n + 1)]
+        if interval is None:
+            assert below[1] > 0.025
+            continue
+        k = int(interval[0])  # the k-th smallest of 1..n is k
+        assert interval[1] == n + 1 - k and 1 - 2 * below[k] >= 0.95 > 1 - 2 * below[k + 1]
+    assert [tool.median_interval(list(range(1, n + 1))) for n in (5, 6, 10, 16, 40)] == [
+        None, (1, 6), (2, 9), (4, 13), (14, 27)]
+
+
+def test_interleaved_table_shows_the_interval_of_the_median(tmp_path, monkeypatch, capsys):
+    """With 9 rounds the table shows the median ratio's interval (the 2nd and 8th of the sorted
+    ratios) beside the rounds' range: one slow round does not pull it below 1."""
+    tool = _tool()
+    monkeypatch.setattr(tool, '_run_case', lambda args, name, res, mode: dict(
+        imgs=5.0, mem=100.0, mem_total=float('nan'), params=1.0, batch=1))
+    ratios = [1.1, 1.2, 0.9, 1.05, 1.15, 1.3, 1.08, 1.12, 1.02]
+    monkeypatch.setattr(tool, 'interleaved', lambda args, names, res, mode: {
+        'vit-s': ratios, 'dinovim-t': [1.0] * 9})
+    out = tmp_path / 'rows.json'
+    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--modes', 'fwd',
+               '--interleave', '9', '--json', str(out)])
+    d = {r['arch']: r for r in json.loads(out.read_text())}['dinovim-t']
+    assert d['speed_ratio_ci'] == [1.02, 1.2] and d['speed_ratio'] == 1.1
+    row = next(line for line in capsys.readouterr().out.splitlines() if 'dinovim-t' in line)
+    assert row.split()[-3:] == ['1.02-1.20', '0.90-1.30', '1.00']
+
+
 def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
     """--ab SWITCH: one model, the switch on and off in turn; every timed step sees the variant
     of its half of the round, and the ratio is off's step time over on's."""
@@ -200,7 +237,7 @@ def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert '3 rounds of 2 steps each way' in out
     assert 'dinovim-t 32px fwd batch 1: on 100.0 ms, off 150.0 ms a step; speed on / off ' \
-        '1.500 x (rounds 1.500-1.500)' in out
+        '1.500 x (95% CI -, rounds 1.500-1.500)' in out
     assert tool._switched('quadratic', False) == dict(quadratic_max_len=0)
 
 

@@ -12,7 +12,9 @@ keeps each one's best img/s: on a shared machine a slow spell then cannot fall o
 Where the machine's speed drifts between processes (a 2-core cloud VM: the same model 30% apart
 an hour later), ``--interleave R`` also runs the models of each case in one process, in turn,
 ``--iters`` steps each, R rounds, and takes the speed ratio as the median of the rounds' ratios;
-the table then shows their range and the separate processes' ratio beside it.
+the table then shows that median's 95% confidence interval (distribution-free, from 6 rounds
+on: whether a ratio is above 1 beyond the machine's noise), the rounds' range and the separate
+processes' ratio beside it.
 
 Modes: ``fwd`` (inference), ``fwd+bwd``, ``train`` (plus an AdamW step) and ``dino``: the
 training step of DINO on CPU, a teacher forward (no gradients) of the batch (the global crops)
@@ -37,6 +39,7 @@ Example::
 """
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -487,13 +490,39 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
     return times
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval for the median of the population ``values`` are
+    drawn from (independent rounds): the k-th smallest and k-th largest value, with k the
+    largest count for which fewer than k of n values fall below the median with probability
+    at most (1 - level) / 2 (``Binomial(n, 1/2)``); its coverage is at least ``level``. None
+    when n is too small for any such k (n < 6 at 95%)."""
+    n, tail = len(values), (1 - level) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
+    while k < n // 2:
+        nxt = below + math.comb(n, k) / 2 ** n
+        if nxt > tail:
+            break
+        k, below = k + 1, nxt
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
 def paired_ratio(times: dict, name: str, ref: str) -> dict:
     """From :func:`interleaved`'s step times: the speed ratio of ``name`` to ``ref`` in each
     round (``ref``'s step time over ``name``'s), their median (``speed_ratio``, replacing the
-    ratio of the separate processes, which is kept as ``speed_ratio_processes``) and the
-    rounds' ratios (``speed_ratio_rounds``)."""
+    ratio of the separate processes, which is kept as ``speed_ratio_processes``), its 95%
+    confidence interval (``speed_ratio_ci``, :func:`median_interval`; None below 6 rounds) and
+    the rounds' ratios (``speed_ratio_rounds``)."""
     ratios = [r / t for r, t in zip(times[ref], times[name])]
-    return dict(speed_ratio=statistics.median(ratios), speed_ratio_rounds=ratios)
+    return dict(speed_ratio=statistics.median(ratios), speed_ratio_ci=median_interval(ratios),
+                speed_ratio_rounds=ratios)
+
+
+def _interval_text(interval: tuple[float, float] | None, digits: int) -> str:
+    """``lo-hi`` of :func:`median_interval`, or ``-`` (too few rounds)."""
+    return '-' if interval is None else f'{interval[0]:.{digits}f}-{interval[1]:.{digits}f}'
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -512,7 +541,7 @@ def format_table(rows: list[dict]) -> str:
     paired = any('speed_ratio_rounds' in r for r in rows)
     head = (f'{"arch":<13}{"res":>6}{"batch":>6}{"mode":>9}{"params(M)":>11}{"img/s":>10}'
             f'{"peak MiB":>11}{"total MiB":>11}{"ref":>10}{"speed/ref":>11}{"mem/ref":>9}'
-            + (f'{"rounds":>13}{"processes":>11}' if paired else ''))
+            + (f'{"95% CI":>12}{"rounds":>13}{"processes":>11}' if paired else ''))
     lines = [head, '-' * len(head)]
     for r in rows:
         line = (f'{r["arch"]:<13}{r["res"]:>6}{r["batch"]:>6}{r["mode"]:>9}'
@@ -521,11 +550,13 @@ def format_table(rows: list[dict]) -> str:
                 f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
         if paired:
             rounds = r.get('speed_ratio_rounds') or [float('nan')]
-            line += (f'{f"{min(rounds):.2f}-{max(rounds):.2f}":>13}'
+            line += (f'{_interval_text(r.get("speed_ratio_ci"), 2):>12}'
+                     f'{f"{min(rounds):.2f}-{max(rounds):.2f}":>13}'
                      f'{r.get("speed_ratio_processes", float("nan")):>11.2f}')
         lines.append(line)
     if paired:
-        lines.append('speed/ref: the median of the interleaved rounds\' ratios (rounds: their '
+        lines.append('speed/ref: the median of the interleaved rounds\' ratios (95% CI: its '
+                     'distribution-free confidence interval, - below 6 rounds; rounds: their '
                      'range; processes: the ratio of the separate processes\' best img/s)')
     return '\n'.join(lines)
 
@@ -543,7 +574,8 @@ def ab(args) -> str:
     process and run with the fast-path switch on and off in turn, ``--iters`` steps each, over
     ``--interleave`` rounds (10 if not given), after ``--warmup`` steps each way; returns per
     case the median step time each way and the speed ratio on / off (the median of the
-    rounds' ratios, and their range). The other switches stay as the command line sets them."""
+    rounds' ratios, its 95% confidence interval and their range). The other switches stay as
+    the command line sets them."""
     from mmdinomamba.ops import fast_path_variant
     options, rounds = build_options(args), args.interleave or 10
     steps = f'{args.iters} step' + ('s' if args.iters != 1 else '')
@@ -570,7 +602,8 @@ def ab(args) -> str:
                              f'on {statistics.median(times[True]) * 1e3:.1f} ms, '
                              f'off {statistics.median(times[False]) * 1e3:.1f} ms a step; '
                              f'speed on / off {statistics.median(ratios):.3f} x '
-                             f'(rounds {min(ratios):.3f}-{max(ratios):.3f})')
+                             f'(95% CI {_interval_text(median_interval(ratios), 3)}, '
+                             f'rounds {min(ratios):.3f}-{max(ratios):.3f})')
     return '\n'.join(lines)
 
 
@@ -591,7 +624,8 @@ def parse_args(argv=None):
                         help='also run the models of each case in one process, each in turn '
                         '--iters steps, R rounds, and take the speed ratio as the median of the '
                         "rounds' ratios (trustworthy on a shared machine whose speed drifts "
-                        'between processes); peak memory stays that of the separate processes')
+                        'between processes), with its 95%% confidence interval from 6 rounds on; '
+                        'peak memory stays that of the separate processes')
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
