@@ -521,7 +521,8 @@ def paired_ratio(times: dict, name: str, ref: str) -> dict:
 
 
 def _interval_text(interval: tuple[float, float] | None, digits: int) -> str:
-    """``lo-hi`` of :func:`median_interval`, or ``-`` (too few rounds)."""
+    """``lo-hi`` of an interval (:func:`median_interval`'s, or the rounds' range), or ``-``
+    (None: too few rounds for :func:`median_interval`)."""
     return '-' if interval is None else f'{interval[0]:.{digits}f}-{interval[1]:.{digits}f}'
 
 
@@ -551,7 +552,7 @@ def format_table(rows: list[dict]) -> str:
         if paired:
             rounds = r.get('speed_ratio_rounds') or [float('nan')]
             line += (f'{_interval_text(r.get("speed_ratio_ci"), 2):>12}'
-                     f'{f"{min(rounds):.2f}-{max(rounds):.2f}":>13}'
+                     f'{_interval_text((min(rounds), max(rounds)), 2):>13}'
                      f'{r.get("speed_ratio_processes", float("nan")):>11.2f}')
         lines.append(line)
     if paired:
@@ -597,13 +598,15 @@ def ab(args) -> str:
                                                  args.iters if record else 1, args.amp)
                             if record:
                                 times[on].append(t)
-                ratios = [off / on for on, off in zip(times[True], times[False])]
+                # off's step time over on's, as paired_ratio takes a model's against its ref
+                speed = paired_ratio({'on': times[True], 'off': times[False]}, 'on', 'off')
+                ratios = speed['speed_ratio_rounds']
                 lines.append(f'{name} {res}px {mode} batch {batch}: '
                              f'on {statistics.median(times[True]) * 1e3:.1f} ms, '
                              f'off {statistics.median(times[False]) * 1e3:.1f} ms a step; '
-                             f'speed on / off {statistics.median(ratios):.3f} x '
-                             f'(95% CI {_interval_text(median_interval(ratios), 3)}, '
-                             f'rounds {min(ratios):.3f}-{max(ratios):.3f})')
+                             f'speed on / off {speed["speed_ratio"]:.3f} x '
+                             f'(95% CI {_interval_text(speed["speed_ratio_ci"], 3)}, '
+                             f'rounds {_interval_text((min(ratios), max(ratios)), 3)})')
     return '\n'.join(lines)
 
 
