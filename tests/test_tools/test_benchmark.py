@@ -183,6 +183,26 @@ def test_interleaved_rounds_time_every_model_in_one_process():
                                                                   times['dinovim-t'])]
 
 
+def test_interleaved_rounds_reverse_their_order_every_other_round(monkeypatch):
+    """No model always runs first: the rounds go A B C, C B A, A B C, ..., and each model's
+    times stay in round order whatever its place in the round."""
+    tool, seen = _tool(), []
+    monkeypatch.setattr(tool, '_setup', lambda name, *a: (name, None, None))
+
+    def fake_median_step(model, optim, x, mode, device, iters, amp):
+        seen.append(model)
+        return len(seen)  # the call's place in the whole sequence
+
+    monkeypatch.setattr(tool, '_median_step', fake_median_step)
+    monkeypatch.setattr(tool, '_step', lambda *a: None)
+    args = tool.parse_args(['--device', 'cpu', '--iters', '1', '--warmup', '0',
+                            '--interleave', '3'])
+    times = tool.interleaved(args, ['a', 'b', 'c'], 32, 'fwd')
+    assert seen == ['a', 'b', 'c', 'c', 'b', 'a', 'a', 'b', 'c']
+    assert times == {'a': [1, 6, 7], 'b': [2, 5, 8], 'c': [3, 4, 9]}
+    assert tool.round_order([1, 2], 0) == [1, 2] and tool.round_order([1, 2], 1) == [2, 1]
+
+
 def test_median_interval_is_the_binomial_order_statistics_interval():
     """The median's 95% interval: the k-th smallest and largest of n rounds, k the largest with
     P(Binomial(n, 1/2) < k) <= 2.5% (so coverage >= 95%, and one step narrower falls short);
@@ -233,7 +253,9 @@ def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
     tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
                '--modes', 'fwd', '--iters', '2', '--warmup', '1', '--interleave', '3',
                '--ab', 'fused_products'])
-    assert seen == [(True, 1), (False, 1)] + [(True, 2), (False, 2)] * 3
+    # on first in even rounds, off first in odd ones (warm-up and timed rounds alike)
+    assert seen == [(True, 1), (False, 1)] + [(True, 2), (False, 2), (False, 2), (True, 2),
+                                              (True, 2), (False, 2)]
     out = capsys.readouterr().out
     assert '3 rounds of 2 steps each way' in out
     assert 'dinovim-t 32px fwd batch 1: on 100.0 ms, off 150.0 ms a step; speed on / off ' \

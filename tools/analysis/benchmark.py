@@ -10,11 +10,11 @@ resident set size minus the resident size before the first step (each CPU case r
 process, so the peak is its own). ``--rounds N`` measures the models N times, alternating, and
 keeps each one's best img/s: on a shared machine a slow spell then cannot fall on one model only.
 Where the machine's speed drifts between processes (a 2-core cloud VM: the same model 30% apart
-an hour later), ``--interleave R`` also runs the models of each case in one process, in turn,
-``--iters`` steps each, R rounds, and takes the speed ratio as the median of the rounds' ratios;
-the table then shows that median's 95% confidence interval (distribution-free, from 6 rounds
-on: whether a ratio is above 1 beyond the machine's noise), the rounds' range and the separate
-processes' ratio beside it.
+an hour later), ``--interleave R`` also runs the models of each case in one process, in turn
+(the order reversed every other round), ``--iters`` steps each, R rounds, and takes the speed
+ratio as the median of the rounds' ratios; the table then shows that median's 95% confidence
+interval (distribution-free, from 6 rounds on: whether a ratio is above 1 beyond the machine's
+noise), the rounds' range and the separate processes' ratio beside it.
 
 Modes: ``fwd`` (inference), ``fwd+bwd``, ``train`` (plus an AdamW step) and ``dino``: the
 training step of DINO on CPU, a teacher forward (no gradients) of the batch (the global crops)
@@ -473,7 +473,9 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
     :func:`measure` does, seeded) and, after ``--warmup`` steps each, ``R`` rounds in which
     each model in turn runs ``--iters`` steps; returns each model's median step time (s) per
     round. A slow spell of a shared machine then falls on the models of one round alike,
-    where separate processes minutes apart can see different machines."""
+    where separate processes minutes apart can see different machines. The order within a
+    round is reversed every other round (:func:`round_order`), so that no model always runs
+    first or always after the same other one."""
     from mmdinomamba.ops import fast_path_variant
     options, batch = build_options(args), _batch_for(args, res)
     cases = {n: _setup(n, res, mode, batch, args.device, args.compile, options) for n in names}
@@ -483,11 +485,19 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
             for _ in range(args.warmup):
                 _step(model, x, mode, args.amp, optim)
         _sync(args.device)
-        for _ in range(args.interleave):
-            for n, (model, optim, x) in cases.items():
+        for i in range(args.interleave):
+            for n in round_order(list(cases), i):
+                model, optim, x = cases[n]
                 times[n].append(_median_step(model, optim, x, mode, args.device, args.iters,
                                              args.amp))
     return times
+
+
+def round_order(items: list, index: int) -> list:
+    """The order of round ``index`` (from 0) of alternating runs: ``items`` as given in even
+    rounds, reversed in odd ones (A B, B A, A B, ...: a trend within a round, or a cost of
+    coming first or after one particular other, falls on every item alike over two rounds)."""
+    return items if index % 2 == 0 else items[::-1]
 
 
 def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
@@ -572,7 +582,8 @@ def _switched(name: str, on: bool) -> dict:
 
 def ab(args) -> str:
     """``--ab SWITCH``: each case of ``--archs`` / ``--res`` / ``--modes`` set up once in this
-    process and run with the fast-path switch on and off in turn, ``--iters`` steps each, over
+    process and run with the fast-path switch on and off in turn (on first in even rounds, off
+    first in odd ones: :func:`round_order`), ``--iters`` steps each, over
     ``--interleave`` rounds (10 if not given), after ``--warmup`` steps each way; returns per
     case the median step time each way and the speed ratio on / off (the median of the
     rounds' ratios, its 95% confidence interval and their range). The other switches stay as
@@ -590,8 +601,8 @@ def ab(args) -> str:
                                          options)
                 times = {True: [], False: []}
                 for count, record in ((args.warmup, False), (rounds, True)):
-                    for _ in range(count):
-                        for on in (True, False):
+                    for i in range(count):
+                        for on in round_order([True, False], i):
                             with fast_path_variant(**{**options['variant'],
                                                       **_switched(args.ab, on)}):
                                 t = _median_step(model, optim, x, mode, args.device,
@@ -625,9 +636,10 @@ def parse_args(argv=None):
                         "one's best img/s (and its highest peak memory) for the ratios")
     parser.add_argument('--interleave', type=int, default=0, metavar='R',
                         help='also run the models of each case in one process, each in turn '
-                        '--iters steps, R rounds, and take the speed ratio as the median of the '
-                        "rounds' ratios (trustworthy on a shared machine whose speed drifts "
-                        'between processes), with its 95%% confidence interval from 6 rounds on; '
+                        '--iters steps (the order reversed every other round), R rounds, and '
+                        "take the speed ratio as the median of the rounds' ratios (trustworthy "
+                        'on a shared machine whose speed drifts between processes), with its '
+                        '95%% confidence interval from 6 rounds on; '
                         'peak memory stays that of the separate processes')
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
