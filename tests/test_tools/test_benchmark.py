@@ -1,9 +1,10 @@
 """tools/analysis/benchmark.py: one side-by-side CPU run, ratios to the ViT of the same size."""
 import json
-import math
 
 import pytest
 import torch
+
+from mmdinomamba.utils import bench_stats
 from repo_files import load_file
 
 
@@ -178,7 +179,7 @@ def test_interleaved_rounds_time_every_model_in_one_process():
     times = tool.interleaved(args, ['vit-s', 'dinovim-t'], 32, 'fwd+bwd')
     assert set(times) == {'vit-s', 'dinovim-t'}
     assert all(len(t) == 2 and all(s > 0 for s in t) for t in times.values())
-    ratio = tool.paired_ratio(times, 'dinovim-t', 'vit-s')
+    ratio = bench_stats.paired_ratio(times, 'dinovim-t', 'vit-s')
     assert ratio['speed_ratio_rounds'] == [r / t for r, t in zip(times['vit-s'],
                                                                   times['dinovim-t'])]
 
@@ -200,24 +201,6 @@ def test_interleaved_rounds_reverse_their_order_every_other_round(monkeypatch):
     times = tool.interleaved(args, ['a', 'b', 'c'], 32, 'fwd')
     assert seen == ['a', 'b', 'c', 'c', 'b', 'a', 'a', 'b', 'c']
     assert times == {'a': [1, 6, 7], 'b': [2, 5, 8], 'c': [3, 4, 9]}
-    assert tool.round_order([1, 2], 0) == [1, 2] and tool.round_order([1, 2], 1) == [2, 1]
-
-
-def test_median_interval_is_the_binomial_order_statistics_interval():
-    """The median's 95% interval: the k-th smallest and largest of n rounds, k the largest with
-    P(Binomial(n, 1/2) < k) <= 2.5% (so coverage >= 95%, and one step narrower falls short);
-    the textbook values at n = 6, 10, 16 and 40; the values' order does not matter."""
-    tool = _tool()
-    for n in range(1, 61):
-        interval = tool.median_interval([float(v) for v in range(n, 0, -1)])
-        below = [sum(math.comb(n, i) for i in range(k)) / 2 ** n for k in range(n + 1)]
-        if interval is None:
-            assert below[1] > 0.025
-            continue
-        k = int(interval[0])  # the k-th smallest of 1..n is k
-        assert interval[1] == n + 1 - k and 1 - 2 * below[k] >= 0.95 > 1 - 2 * below[k + 1]
-    assert [tool.median_interval(list(range(1, n + 1))) for n in (5, 6, 10, 16, 40)] == [
-        None, (1, 6), (2, 9), (4, 13), (14, 27)]
 
 
 def test_interleaved_table_shows_the_interval_of_the_median(tmp_path, monkeypatch, capsys):

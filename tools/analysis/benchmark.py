@@ -39,7 +39,6 @@ Example::
 """
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -53,6 +52,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS  # noqa: E402
 from mmdinomamba.ops.variants import FastPathVariant  # noqa: E402
+from mmdinomamba.utils.bench_stats import (best_of, interval_text, paired_ratio,  # noqa: E402
+                                           round_order)
 
 ARCHS = {
     **BACKBONE_PRESETS,
@@ -493,59 +494,6 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
     return times
 
 
-def round_order(items: list, index: int) -> list:
-    """The order of round ``index`` (from 0) of alternating runs: ``items`` as given in even
-    rounds, reversed in odd ones (A B, B A, A B, ...: a trend within a round, or a cost of
-    coming first or after one particular other, falls on every item alike over two rounds)."""
-    return items if index % 2 == 0 else items[::-1]
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """A distribution-free confidence interval for the median of the population ``values`` are
-    drawn from (independent rounds): the k-th smallest and k-th largest value, with k the
-    largest count for which fewer than k of n values fall below the median with probability
-    at most (1 - level) / 2 (``Binomial(n, 1/2)``); its coverage is at least ``level``. None
-    when n is too small for any such k (n < 6 at 95%)."""
-    n, tail = len(values), (1 - level) / 2
-    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
-    while k < n // 2:
-        nxt = below + math.comb(n, k) / 2 ** n
-        if nxt > tail:
-            break
-        k, below = k + 1, nxt
-    if k == 0:
-        return None
-    ordered = sorted(values)
-    return ordered[k - 1], ordered[n - k]
-
-
-def paired_ratio(times: dict, name: str, ref: str) -> dict:
-    """From :func:`interleaved`'s step times: the speed ratio of ``name`` to ``ref`` in each
-    round (``ref``'s step time over ``name``'s), their median (``speed_ratio``, replacing the
-    ratio of the separate processes, which is kept as ``speed_ratio_processes``), its 95%
-    confidence interval (``speed_ratio_ci``, :func:`median_interval`; None below 6 rounds) and
-    the rounds' ratios (``speed_ratio_rounds``)."""
-    ratios = [r / t for r, t in zip(times[ref], times[name])]
-    return dict(speed_ratio=statistics.median(ratios), speed_ratio_ci=median_interval(ratios),
-                speed_ratio_rounds=ratios)
-
-
-def _interval_text(interval: tuple[float, float] | None, digits: int) -> str:
-    """``lo-hi`` of an interval (:func:`median_interval`'s, or the rounds' range), or ``-``
-    (None: too few rounds for :func:`median_interval`)."""
-    return '-' if interval is None else f'{interval[0]:.{digits}f}-{interval[1]:.{digits}f}'
-
-
-def best_of(runs: list[dict]) -> dict:
-    """One result from the rounds of a case: the highest img/s (noise on a shared machine only
-    slows a run down) with the highest peak memory of all rounds; ``imgs_runs`` lists every
-    round's img/s."""
-    best = dict(max(runs, key=lambda r: r['imgs'] if r['imgs'] == r['imgs'] else -1.0))
-    best['mem'] = max(r['mem'] for r in runs)
-    best['imgs_runs'] = [r['imgs'] for r in runs]
-    return best
-
-
 def format_table(rows: list[dict]) -> str:
     """Rows as a text table; ``peak MiB`` is the growth during the steps, ``total MiB`` (CUDA
     only) the whole peak allocation including the model and input."""
@@ -561,8 +509,8 @@ def format_table(rows: list[dict]) -> str:
                 f'{r["speed_ratio"]:>11.2f}{r["mem_ratio"]:>9.2f}')
         if paired:
             rounds = r.get('speed_ratio_rounds') or [float('nan')]
-            line += (f'{_interval_text(r.get("speed_ratio_ci"), 2):>12}'
-                     f'{_interval_text((min(rounds), max(rounds)), 2):>13}'
+            line += (f'{interval_text(r.get("speed_ratio_ci"), 2):>12}'
+                     f'{interval_text((min(rounds), max(rounds)), 2):>13}'
                      f'{r.get("speed_ratio_processes", float("nan")):>11.2f}')
         lines.append(line)
     if paired:
@@ -616,8 +564,8 @@ def ab(args) -> str:
                              f'on {statistics.median(times[True]) * 1e3:.1f} ms, '
                              f'off {statistics.median(times[False]) * 1e3:.1f} ms a step; '
                              f'speed on / off {speed["speed_ratio"]:.3f} x '
-                             f'(95% CI {_interval_text(speed["speed_ratio_ci"], 3)}, '
-                             f'rounds {_interval_text((min(ratios), max(ratios)), 3)})')
+                             f'(95% CI {interval_text(speed["speed_ratio_ci"], 3)}, '
+                             f'rounds {interval_text((min(ratios), max(ratios)), 3)})')
     return '\n'.join(lines)
 
 
