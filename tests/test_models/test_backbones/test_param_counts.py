@@ -30,7 +30,7 @@ def test_vit_counts(cls, arch, paper):
 def test_dinovim_counts(arch, paper, anchor):
     n = count(DinoVim, arch)
     assert abs(n - paper) / paper < 0.02
-    assert abs(n - anchor) / anchor < 0.002  # Dino-Mamba's shapes (ANCHORS.md)
+    assert abs(n - anchor) / anchor < 0.002  # the official Dino-Mamba shapes
 
 
 def test_mambareg_count():
