@@ -173,3 +173,21 @@ def test_detector_rules():
         with SyncDetector():
             x.tolist()
     assert torch.Tensor.tolist(x) == x.tolist()  # restored
+
+
+def test_data_preprocessor_equals_mmpretrains():
+    from mmpretrain.registry import MODELS
+    cfg = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True)
+    ours = MODELS.build(dict(type='DINODataPreprocessor', **cfg))
+    ref = MODELS.build(dict(type='SelfSupDataPreprocessor', **cfg))
+    assert ours._non_blocking and not ref._non_blocking
+    g = torch.Generator().manual_seed(0)
+    data = dict(inputs=[torch.randint(0, 256, (2, 3, s, s), dtype=torch.uint8, generator=g)
+                        for s in (16, 16, 8)], data_samples=None)
+    a, b = ours(data, True), ref(data, True)
+    assert all(torch.equal(x, y) for x, y in zip(a['inputs'], b['inputs']))
+    with SyncDetector():
+        ours(data, True)
+    with pytest.raises(HostSyncError, match='lift_fresh'):  # mmpretrain's [2, 1, 0] index
+        with SyncDetector():
+            ref(data, True)
