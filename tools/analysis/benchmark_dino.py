@@ -14,6 +14,7 @@ img/s counts images (not crops); the ratio is the median of the per-round ratios
     python tools/analysis/benchmark_dino.py --archs dinovim-t --batch 8 --device cpu --iters 3
 """
 import argparse
+import logging
 import os.path as osp
 import statistics
 import sys
@@ -217,6 +218,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    from mmengine.logging import MMLogger
+    MMLogger.get_instance('mmengine').setLevel(logging.WARNING)  # no per-parameter build logs
     rows = run(args)
     print(format_rows(rows, args), flush=True)
     return rows

@@ -191,3 +191,25 @@ def test_data_preprocessor_equals_mmpretrains():
     with pytest.raises(HostSyncError, match='lift_fresh'):  # mmpretrain's [2, 1, 0] index
         with SyncDetector():
             ref(data, True)
+
+
+class _CudaSyncDebug:
+    """``torch.cuda.set_sync_debug_mode('error')`` as the detector of one iteration."""
+    found = ()
+
+    def __enter__(self):
+        torch.cuda.set_sync_debug_mode('error')
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode('default')
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_one_cuda_iteration_under_sync_debug_mode(embedded_root, tmp_path, name):
+    """On a GPU, what the CPU detector cannot see (copies, the CUDA path): any synchronising
+    CUDA call in the checked iteration raises."""
+    cfg = CONFIGS[name](embedded_root, tmp_path)
+    cfg.train_dataloader.pin_memory = True
+    _train(cfg, lambda runner: _CudaSyncDebug())
