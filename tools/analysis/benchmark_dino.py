@@ -179,7 +179,7 @@ def format_rows(rows: list[dict], args) -> str:
     lines = [head, f'{"arch":<16}{"params(M)":>10}{"img/s":>10}{"peak MiB":>10}{"x peer":>9}']
     for r in rows:
         ratio = f'  {r["ratio"]:.2f} ({r["peer"]})' if r['ratio'] is not None else '  -'
-        lines.append(f'{r["arch"]:<16}{r["params"]:>10.2f}{r["imgs"]:>10.1f}{r["mem"]:>10.0f}'
+        lines.append(f'{r["arch"]:<16}{r["params"]:>10.2f}{r["imgs"]:>10.3g}{r["mem"]:>10.0f}'
                      f'{ratio}')
     return '\n'.join(lines)
 
