@@ -219,8 +219,13 @@ def parse_args(argv=None):
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     from mmengine.logging import MMLogger
-    MMLogger.get_instance('mmengine').setLevel(logging.WARNING)  # no per-parameter build logs
-    rows = run(args)
+    logger = MMLogger.get_instance('mmengine')
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # no per-parameter build logs
+    try:
+        rows = run(args)
+    finally:
+        logger.setLevel(level)
     print(format_rows(rows, args), flush=True)
     return rows
 
