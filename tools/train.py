@@ -79,9 +79,12 @@ def merge_args(cfg, args):
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     if args.amp:
         opt = cfg.optim_wrapper
-        if opt.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper'):
+        amp_type = dict(OptimWrapper='AmpOptimWrapper', AmpOptimWrapper='AmpOptimWrapper',
+                        DINOOptimWrapper='DINOAmpOptimWrapper',
+                        DINOAmpOptimWrapper='DINOAmpOptimWrapper')
+        if opt.get('type', 'OptimWrapper') not in amp_type:
             raise ValueError(f'--amp: unsupported optim_wrapper type {opt.type!r}')
-        opt.type = 'AmpOptimWrapper'
+        opt.type = amp_type[opt.get('type', 'OptimWrapper')]
         opt.setdefault('loss_scale', 'dynamic')
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, latest_checkpoint(cfg.work_dir)

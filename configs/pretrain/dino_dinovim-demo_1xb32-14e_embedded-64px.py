@@ -70,7 +70,7 @@ train_dataloader = dict(
 
 optim_wrapper = dict(
     _delete_=True,
-    type='OptimWrapper',
+    type='DINOOptimWrapper',  # OptimWrapper whose clipping logs without a host read
     constructor='DINOOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.04),
     paramwise_cfg=dict(flat_decay_mult=0.),

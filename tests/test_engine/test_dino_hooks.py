@@ -182,3 +182,45 @@ def test_collapse_monitor_arguments():
         DINOCollapseMonitorHook(patience=0)
     with pytest.raises(ValueError, match='min_info_ratio'):
         DINOCollapseMonitorHook(min_info_ratio=1.5)
+
+
+def test_collapse_monitor_reads_every_interval_and_names_the_iteration():
+    """Signals kept on the device are read every ``interval`` iterations; a NaN of iteration 6
+    stops the run at the read after iteration 8, naming iteration 6."""
+    hook = DINOCollapseMonitorHook(interval=4)
+    runner = fake_runner(tiny_dino(), max_iters=40, epoch_len=40)
+    hook.before_train(runner)
+    for it in range(7):
+        runner.iter = it
+        out = _outputs(loss=float('nan') if it == 5 else 5.)
+        if it == 3:  # the read after iteration 4 sees no NaN yet
+            hook.after_train_iter(runner, it, outputs=out)
+            assert hook._pending == []
+            continue
+        hook.after_train_iter(runner, it, outputs=out)  # no read: no error yet
+    runner.iter = 7
+    with pytest.raises(RuntimeError, match=r'iteration 6 .*loss is nan'):
+        hook.after_train_iter(runner, 7, outputs=_outputs())
+    with pytest.raises(ValueError, match='interval=0'):
+        DINOCollapseMonitorHook(interval=0)
+
+
+def test_collapse_monitor_interval_defaults_to_the_logger():
+    from mmengine.hooks import LoggerHook
+    hook = DINOCollapseMonitorHook()
+    runner = fake_runner(tiny_dino())
+    runner.hooks = [LoggerHook(interval=7)]
+    hook.before_train(runner)
+    assert hook._every == 7
+
+
+def test_to_host_keeps_types_and_values():
+    from mmdinomamba.engine.hooks.device_scalars import to_host
+    vals = [torch.tensor(0.1), torch.tensor(3), 2.5, torch.tensor(True),
+            torch.tensor(0.1, dtype=torch.bfloat16), torch.tensor([7.])]
+    out = to_host(vals)
+    assert out == [torch.tensor(0.1).item(), 3, 2.5, True,
+                   torch.tensor(0.1, dtype=torch.bfloat16).item(), 7.]
+    assert [type(v) for v in out] == [float, int, float, bool, float, float]
+    with pytest.raises(ValueError, match='one element'):
+        to_host([torch.zeros(2)])

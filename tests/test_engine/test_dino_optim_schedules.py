@@ -90,6 +90,57 @@ def test_per_parameter_gradient_clipping():
     torch.testing.assert_close(a.grad, torch.tensor([1.8, 2.4, 0.]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b.grad, torch.full((2, 2), 0.5))
     assert wrapper.message_hub.get_scalar('train/grad_norm').current() == pytest.approx(5.)
+    # deferred (as DINORuntimeInfoHook sets it): the norm waits on the device until read
+    wrapper.defer_scalars = True
+    a.grad = torch.tensor([0., 0., 6.])
+    wrapper.step()
+    (key, norm), = wrapper.pending_scalars
+    assert key == 'train/grad_norm' and isinstance(norm, torch.Tensor)
+    assert wrapper.message_hub.get_scalar('train/grad_norm').current() == pytest.approx(5.)
+    wrapper.flush_pending_scalars()
+    assert wrapper.message_hub.get_scalar('train/grad_norm').current() == pytest.approx(6.)
+    assert wrapper.pending_scalars == []
     with pytest.raises(ValueError, match="per_param=True needs type='norm'"):
         OPTIM_WRAPPERS.build(dict(type='DINOOptimWrapper', optimizer=torch.optim.SGD([a], lr=0.),
                                   clip_grad=dict(type='value', clip_value=1., per_param=True)))
+
+
+def test_foreach_clipping_equals_per_parameter_calls_bit_for_bit():
+    from mmdinomamba.engine.dino_optim import clip_per_param_
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(64, 33, generator=g) * s for s in (1e-4, 0.05, 0.5, 2., 10.)] + [
+        torch.zeros(7), torch.randn(3, generator=g) * 1e3]
+    ref = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    new = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    for p, q, x in zip(ref, new, grads):
+        p.grad, q.grad = x.clone(), x.clone()
+    norms = [torch.nn.utils.clip_grad_norm_([p], max_norm=3.0) for p in ref]
+    top = clip_per_param_(new, 3.0)
+    for p, q in zip(ref, new):
+        assert torch.equal(p.grad, q.grad)
+    assert torch.equal(top, torch.stack(norms).max())
+    # DINO's rule: scaled by max_norm / (norm + 1e-6) only where that is below 1
+    for p, x in zip(new, grads):
+        coef = 3.0 / (float(x.norm()) + 1e-6)
+        torch.testing.assert_close(p.grad, x * min(coef, 1.), rtol=1e-6, atol=0)
+
+
+def test_bf16_amp_wrapper_has_no_grad_scaler():
+    from mmpretrain.registry import OPTIM_WRAPPERS
+    w = torch.nn.Parameter(torch.ones(4))
+    wrapper = OPTIM_WRAPPERS.build(dict(type='DINOAmpOptimWrapper', dtype='bfloat16',
+                                        optimizer=torch.optim.SGD([w], lr=0.5),
+                                        clip_grad=dict(max_norm=1.0, per_param=True)))
+    assert wrapper.loss_scaler is None and wrapper.cast_dtype == torch.bfloat16
+    lin = torch.nn.Linear(4, 1, bias=False)
+    with wrapper.optim_context(lin):
+        assert torch.is_autocast_enabled('cpu') or torch.is_autocast_enabled('cuda')
+    wrapper.update_params((w * torch.tensor([3., 4., 0., 0.])).sum())  # grad norm 5 -> 1
+    torch.testing.assert_close(w.detach(), torch.tensor([0.7, 0.6, 1., 1.]))
+    state = wrapper.state_dict()
+    assert 'loss_scaler' not in state
+    state['loss_scaler'] = dict(scale=65536.)  # a checkpoint of the previous version loads
+    wrapper.load_state_dict(state)
+    with pytest.raises(ValueError, match='max_norm only'):
+        OPTIM_WRAPPERS.build(dict(type='DINOOptimWrapper', optimizer=torch.optim.SGD([w], lr=0.),
+                                  clip_grad=dict(max_norm=1., norm_type=1, per_param=True)))

@@ -26,3 +26,9 @@ def test_missing_packages_are_named(tmp_path, monkeypatch):
 def test_batch_per_resolution(tmp_path):
     with pytest.raises(SystemExit, match='one value per --res'):
         _tool().main(['--repo', str(tmp_path), '--res', '224', '512', '--batch', '64'])
+
+
+def test_dino_mode_names_the_missing_official_loop(tmp_path):
+    (tmp_path / 'models_vim.py').write_text('raise AssertionError("must not be imported")\n')
+    with pytest.raises(SystemExit, match=r'--dino: .*lacks main_dino_vim.py, utils.py'):
+        _tool().main(['--repo', str(tmp_path), '--dino'])

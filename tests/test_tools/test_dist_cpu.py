@@ -3,6 +3,7 @@ trains one short epoch, then Binary-AUC is evaluated with both processes."""
 import json
 import os
 import os.path as osp
+import re
 import socket
 import subprocess
 import sys
@@ -36,8 +37,14 @@ def test_two_processes_train_and_test_on_cpu(embedded_root, tmp_path):
     log = _run('dist_train.sh', DINO, '2', '--work-dir', str(work), '--cfg-options',
                f'train_dataloader.dataset.data_root={embedded_root}',
                'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
-               'model.backbone.arch.num_layers=1', 'train_cfg.max_epochs=1')
+               'model.backbone.arch.num_layers=1', 'train_cfg.max_epochs=1',
+               'default_hooks.logger.interval=1')
     assert 'Distributed training: True' in log
+    # the step's numbers as mmengine logs them (memory: only with CUDA), every iteration
+    steps = re.findall(r'Epoch\(train\) +\[1\]\[([0-9]) ?/3\].*?time: [0-9.]+ +data_time: '
+                       r'[0-9.]+ +(memory: [0-9]+ +)?.*?loss: [0-9.]+', log)
+    assert [int(i) for i, _ in steps] == [1, 2, 3], log[-3000:]
+    assert all(bool(mem) == torch.cuda.is_available() for _, mem in steps)
     ckpt = torch.load(work / 'epoch_1.pth', map_location='cpu', weights_only=False)
     assert ckpt['meta']['iter'] == 3  # 48 images / (2 processes x 8): both processes trained
     out = tmp_path / 'auc.json'

@@ -9,6 +9,14 @@ time), with drop path 0 and no classification head::
 
     python tools/gpu/bench_official.py --repo .external/Dino-Mamba --arch b \
         --res 224 512 1024 --batch 64 16 4
+
+``--dino`` also times DINO's whole multi-crop step (2 global + ``--local-crops`` local crops,
+head with 65,536 prototypes, loss, clipping, optimizer, teacher EMA) of the official code
+(``tools/gpu/official_dino_step.py``: its ``train_one_epoch`` body; needs its
+``main_dino_vim.py`` and DINO's ``vision_transformer.py``) next to ours
+(``tools/analysis/benchmark_dino.py``'s step), alternating in the same loop::
+
+    python tools/gpu/bench_official.py --dino --arch b --batch 48 --res 224
 """
 import argparse
 import importlib
@@ -66,7 +74,14 @@ def main(argv=None):
                         help='one batch size per --res value')
     parser.add_argument('--iters', type=int, default=10)
     parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--dino', action='store_true',
+                        help="time DINO's multi-crop step (official and ours) instead")
+    parser.add_argument('--local-res', type=int, default=96)
+    parser.add_argument('--local-crops', type=int, default=10)
+    parser.add_argument('--rounds', type=int, default=3)
     args = parser.parse_args(argv)
+    if args.dino:
+        return dino_main(args)
     if len(args.batch) != len(args.res):
         raise SystemExit(f'--batch: give one value per --res ({len(args.res)}), got {args.batch}')
     build_official = official_factory(args.repo, args.arch)
@@ -96,6 +111,61 @@ def main(argv=None):
             label = f'Dino-Mamba vim_{ARCH_NAMES[args.arch]}' if name == 'official' else ours
             print(f'{label:<22}{res:>6}{batch:>6}{r["params"]:>11.2f}{r["imgs"]:>10.1f}'
                   f'{r["mem_total"]:>11.0f}{r["imgs"] / ref["imgs"]:>12.2f}', flush=True)
+
+
+def _load(name: str):
+    """A sibling script of ``tools/`` as a module."""
+    path = osp.join(osp.dirname(HERE), *name.split('/'))
+    spec = importlib.util.spec_from_file_location(osp.basename(name)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dino_main(args) -> None:
+    """DINO's step, official against ours, one batch and resolution, rounds alternating."""
+    import statistics
+    import time
+    official = _load('gpu/official_dino_step.py')
+    lost = official.missing_files(args.repo)
+    if lost:
+        raise SystemExit(f'bench_official --dino: {args.repo!r} lacks {", ".join(lost)} (the '
+                         'official DINO loop; see tools/gpu/README.md)')
+    if not torch.cuda.is_available():
+        raise SystemExit('bench_official --dino: needs a CUDA device')
+    official_factory(args.repo, args.arch)  # checks the packages, imports mamba_ssm's kernels
+    batch, res = args.batch[0], args.res[0]
+    theirs, n_theirs = official.build_official_dino_step(
+        args.repo, f'vim_{ARCH_NAMES[args.arch]}_patch16_224', batch, res, args.local_res,
+        args.local_crops)
+    ours_mod = _load('analysis/benchmark_dino.py')
+    ours_args = ours_mod.parse_args(['--archs', f'dinovim-{args.arch}', '--batch', str(batch),
+                                     '--res', str(res), '--local-res', str(args.local_res),
+                                     '--local-crops', str(args.local_crops), '--amp',
+                                     '--device', 'cuda', '--iters', str(args.iters),
+                                     '--warmup', str(args.warmup), '--rounds',
+                                     str(args.rounds)])
+    ours, _, _ = ours_mod.build_step(f'dinovim-{args.arch}', ours_args, 'cuda')
+    steps = dict(official=lambda i: theirs(), ours=ours)
+    for name, fn in steps.items():
+        for i in range(args.warmup):
+            fn(i)
+    torch.cuda.synchronize()
+    rates = {name: [] for name in steps}
+    for r in range(args.rounds):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            t0 = time.perf_counter()
+            for i in range(args.iters):
+                steps[name](args.warmup + r * args.iters + i)
+            torch.cuda.synchronize()
+            rates[name].append(batch * args.iters / (time.perf_counter() - t0))
+    ratio = statistics.median(a / b for a, b in zip(rates['ours'], rates['official']))
+    print(f'DINO step, 2 x {res} + {args.local_crops} x {args.local_res} px, batch {batch}, '
+          f'bf16; {args.rounds} rounds x {args.iters} iters')
+    print(f'official vim_{ARCH_NAMES[args.arch]} ({n_theirs / 1e6:.1f}M): '
+          f'{statistics.median(rates["official"]):.1f} img/s')
+    print(f'ours dinovim-{args.arch}: {statistics.median(rates["ours"]):.1f} img/s, '
+          f'{ratio:.2f} x official')
 
 
 if __name__ == '__main__':

@@ -6,11 +6,9 @@ from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
 from mmpretrain.utils import get_ori_model
 
+from .device_scalars import logging_interval, read_due, to_host
+
 __all__ = ['DINOCollapseMonitorHook', 'collapse_kind']
-
-
-def _value(x) -> float:
-    return float(x.detach()) if hasattr(x, 'detach') else float(x)
 
 
 NAN_HINT = ('Try: a lower learning rate or a longer warm-up, gradient clipping '
@@ -59,7 +57,12 @@ def collapse_kind(entropy: float, batch_entropy: float, log_k: float,
 
 @HOOKS.register_module()
 class DINOCollapseMonitorHook(Hook):
-    """Watch the DINO model's logged signals after every iteration.
+    """Watch the DINO model's logged signals of every iteration.
+
+    The signals stay on the device during training; the hook reads those of all iterations
+    since the last read at once every ``interval`` iterations (by default the logging interval),
+    at the end of every epoch and at the end of training, and checks them iteration by
+    iteration, so a stop comes at most ``interval - 1`` iterations after the iteration it names.
 
     Raises ``RuntimeError`` (naming the iteration, the collapse, the signals and what to try)
     when
@@ -81,13 +84,17 @@ class DINOCollapseMonitorHook(Hook):
         begin_iter (int): first (0-based) iteration that is checked for collapse.
             Defaults to 0.
         out_dim (int, optional): ``K``; by default read from ``model.head.out_channels``.
+        interval (int, optional): iterations between reads of the signals; by default the
+            ``LoggerHook``'s interval (1 without one). 1 reads (and waits for the device)
+            every iteration.
     """
     priority = 'NORMAL'
     SIGNALS = ('teacher_entropy', 'teacher_batch_entropy')
+    KEPT = ('loss', *SIGNALS, 'kl', 'prototypes_used')
 
     def __init__(self, patience: int = 200, max_entropy_ratio: float = 0.995,
                  min_info_ratio: float = 0.02, begin_iter: int = 0,
-                 out_dim: Optional[int] = None):
+                 out_dim: Optional[int] = None, interval: Optional[int] = None):
         if patience < 1:
             raise ValueError(f'DINOCollapseMonitorHook: patience={patience} must be >= 1')
         if not 0 < max_entropy_ratio <= 1 or not 0 <= min_info_ratio < 1:
@@ -96,7 +103,11 @@ class DINOCollapseMonitorHook(Hook):
                              f'({min_info_ratio}) < 1')
         self.patience, self.begin_iter, self.out_dim = patience, begin_iter, out_dim
         self.max_ratio, self.min_info_ratio = max_entropy_ratio, min_info_ratio
+        if interval is not None and interval < 1:
+            raise ValueError(f'DINOCollapseMonitorHook: interval={interval} must be >= 1')
+        self.interval, self._every = interval, 1
         self._streak, self._kind, self._since = 0, None, None
+        self._pending: list = []
 
     def before_train(self, runner) -> None:
         if self.out_dim is None:
@@ -106,22 +117,41 @@ class DINOCollapseMonitorHook(Hook):
                                 'model.head.out_channels; pass out_dim=')
             self.out_dim = head.out_channels
         self._streak, self._kind, self._since = 0, None, None
+        self._every, self._pending = logging_interval(runner, self.interval), []
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if not outputs:
-            return
-        it = runner.iter + 1
-        for key in ('loss', *self.SIGNALS, 'kl'):
-            if key in outputs and not math.isfinite(_value(outputs[key])):
-                raise RuntimeError(f'DINO training stopped at iteration {it} (epoch '
-                                   f'{runner.epoch + 1}): {key} is {_value(outputs[key])}. '
-                                   + NAN_HINT)
-        if any(k not in outputs for k in self.SIGNALS) or runner.iter < self.begin_iter:
-            return
-        self._check_collapse(runner, it, {k: _value(v) for k, v in outputs.items()
-                                          if k in (*self.SIGNALS, 'prototypes_used', 'kl')})
+        if outputs:
+            kept = {k: outputs[k] for k in self.KEPT if k in outputs}
+            self._pending.append((runner.iter, runner.epoch, kept))
+        if read_due(self, runner, batch_idx, self._every):
+            self.check_pending()
 
-    def _check_collapse(self, runner, it: int, signals: dict) -> None:
+    def after_train_epoch(self, runner) -> None:
+        self.check_pending()
+
+    def after_train(self, runner) -> None:
+        self.check_pending()
+
+    def check_pending(self) -> None:
+        """Read the kept signals (one host read) and check them in iteration order."""
+        pending, self._pending = self._pending, []
+        flat = to_host(v for _, _, kept in pending for v in kept.values())
+        for iteration, epoch, kept in pending:
+            values = dict(zip(kept, flat[:len(kept)]))
+            flat = flat[len(kept):]
+            self._check_iteration(iteration, epoch, values)
+
+    def _check_iteration(self, iteration: int, epoch: int, values: dict) -> None:
+        it = iteration + 1
+        for key in ('loss', *self.SIGNALS, 'kl'):
+            if key in values and not math.isfinite(values[key]):
+                raise RuntimeError(f'DINO training stopped at iteration {it} (epoch '
+                                   f'{epoch + 1}): {key} is {values[key]}. ' + NAN_HINT)
+        if any(k not in values for k in self.SIGNALS) or iteration < self.begin_iter:
+            return
+        self._check_collapse(epoch, it, values)
+
+    def _check_collapse(self, epoch: int, it: int, signals: dict) -> None:
         log_k = math.log(self.out_dim)
         kind = collapse_kind(signals['teacher_entropy'], signals['teacher_batch_entropy'],
                              log_k, self.max_ratio, self.min_info_ratio)
@@ -134,7 +164,7 @@ class DINOCollapseMonitorHook(Hook):
             h, hb = signals['teacher_entropy'], signals['teacher_batch_entropy']
             used = signals.get('prototypes_used', float('nan'))
             raise RuntimeError(
-                f'DINO training stopped at iteration {it} (epoch {runner.epoch + 1}): '
+                f'DINO training stopped at iteration {it} (epoch {epoch + 1}): '
                 f'{kind} collapse of the teacher for {self._streak} consecutive iterations '
                 f'since iteration {self._since}. Signals (log(K) = {log_k:.4f} for K = '
                 f'{self.out_dim}): teacher_entropy = {h:.4f} nats per image '

@@ -5,6 +5,7 @@ Sinkhorn-Knopp teacher of DINOv2 (Oquab et al., 2023, https://arxiv.org/abs/2304
 option for small batches.
 """
 import math
+from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,13 @@ def _full(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+#: A temperature: a Python number or a 0-dim tensor on the logits' device (the DINO model passes
+#: a device scalar, so that no value travels from the host during the step).
+Temperature = Union[float, Tensor]
+
+
 @torch.no_grad()
-def sinkhorn_knopp(logits: Tensor, temp: float, num_iters: int = 3) -> Tensor:
+def sinkhorn_knopp(logits: Tensor, temp: Temperature, num_iters: int = 3) -> Tensor:
     """Balanced soft assignment of N samples to K prototypes (DINOv2's teacher).
 
     ``Q = exp(logits / temp)``, then ``num_iters`` rounds of: every prototype's total mass set
@@ -33,7 +39,7 @@ def sinkhorn_knopp(logits: Tensor, temp: float, num_iters: int = 3) -> Tensor:
 
     Args:
         logits (Tensor): (N, K) teacher logits of this process.
-        temp (float): teacher temperature.
+        temp (float | Tensor): teacher temperature (a number or a 0-dim tensor).
         num_iters (int): normalization rounds. Defaults to 3.
 
     Returns:
@@ -41,7 +47,8 @@ def sinkhorn_knopp(logits: Tensor, temp: float, num_iters: int = 3) -> Tensor:
     """
     z = _full(logits) / temp
     q = torch.exp(z - z.max()).T  # (K, N); a global shift cancels in the normalizations
-    n = torch.tensor(q.shape[1], device=q.device, dtype=torch.long)
+    # the global sample count stays on the device (no host read, no host-made tensor)
+    n = q.new_full((), q.shape[1], dtype=torch.long)
     dist.all_reduce(n, op='sum')
     total = q.sum()
     dist.all_reduce(total, op='sum')
@@ -51,8 +58,8 @@ def sinkhorn_knopp(logits: Tensor, temp: float, num_iters: int = 3) -> Tensor:
         rows = q.sum(dim=1, keepdim=True)
         dist.all_reduce(rows, op='sum')
         q = q / rows / k
-        q = q / q.sum(dim=0, keepdim=True) / int(n)
-    return (q * int(n)).T
+        q = q / q.sum(dim=0, keepdim=True) / n
+    return (q * n).T
 
 
 @torch.no_grad()
@@ -66,16 +73,18 @@ def teacher_collapse_signals(p_t: Tensor) -> dict:
         dict: ``teacher_entropy`` (mean per-sample entropy, nats: near log K = uniform collapse),
         ``teacher_batch_entropy`` (entropy of the batch-mean distribution, nats: near 0 =
         one-dimension collapse, every sample on the same prototypes) and ``prototypes_used``
-        (how many prototypes are some sample's argmax). All float tensors.
+        (how many prototypes are some sample's argmax). All float tensors, computed on the
+        device of ``p_t`` without reading anything to the host (the prototypes in use are
+        counted by marking K bins, not with ``torch.unique``).
     """
     p = p_t.double()
     per_sample = -(p * torch.log(p.clamp_min(1e-30))).sum(dim=-1).mean()
     mean = p.mean(dim=0)
     batch = -(mean * torch.log(mean.clamp_min(1e-30))).sum()
-    used = torch.unique(p.argmax(dim=-1)).numel()
+    used = p_t.new_zeros(p_t.shape[-1]).scatter_(0, p.argmax(dim=-1), 1.).sum()
     return dict(teacher_entropy=per_sample.to(p_t.dtype),
                 teacher_batch_entropy=batch.to(p_t.dtype),
-                prototypes_used=p_t.new_tensor(float(used)))
+                prototypes_used=used)
 
 
 @MODELS.register_module()
@@ -126,20 +135,22 @@ class DINOLoss(nn.Module):
         self.centering, self.sinkhorn_iters = centering, sinkhorn_iters
         self.register_buffer('center', torch.zeros(1, out_channels))
 
-    def teacher_probs(self, teacher_out: Tensor, teacher_temp: float) -> Tensor:
+    def teacher_probs(self, teacher_out: Tensor, teacher_temp: Temperature) -> Tensor:
         """(N, K) teacher logits -> (N, K) target distributions (no gradient)."""
         if self.centering == 'sinkhorn_knopp':
             return sinkhorn_knopp(teacher_out.detach(), teacher_temp, self.sinkhorn_iters)
         return F.softmax((_full(teacher_out.detach()) - self.center) / teacher_temp, dim=-1)
 
-    def forward(self, student_out: Tensor, teacher_out: Tensor, teacher_temp: float) -> dict:
+    def forward(self, student_out: Tensor, teacher_out: Tensor,
+                teacher_temp: Temperature) -> dict:
         """Loss and collapse diagnostics (the center is NOT updated here).
 
         Args:
             student_out (Tensor): (V * B, K) student logits, view-major
                 (``[view 0 batch; view 1 batch; ...]``), global views first.
             teacher_out (Tensor): (G * B, K) teacher logits of the G global views, view-major.
-            teacher_temp (float): teacher temperature of this iteration.
+            teacher_temp (float | Tensor): teacher temperature of this iteration (a number or
+                a 0-dim tensor on the logits' device).
 
         Returns:
             dict: ``loss`` (scalar with gradient), the detached signals of

@@ -7,6 +7,12 @@ the training progress that :class:`~mmdinomamba.engine.hooks.DINOTeacherHook` pa
 :meth:`DINO.set_progress` before every iteration; the same hook calls :meth:`DINO.update_teacher`
 after the optimizer step. Teacher weights and the loss center are in the state dict, so
 mmengine's ``--resume`` restores them.
+
+No value is read to the host, and no tensor is made from host data, inside a training
+iteration: the schedule values of the current iteration live in 0-dim device tensors (written
+with ``fill_`` by :meth:`DINO.set_progress`), the teacher update is a pair of foreach ops on
+them, and the logged scalars stay device tensors (the DINO runtime hooks read them every
+logging interval).
 """
 import copy
 from typing import List, NamedTuple, Optional, Sequence
@@ -18,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..heads.dino_loss import koleo_loss
+from .dino_graphs import CropGraphs
 from .dino_schedules import last_layer_frozen_at, teacher_momentum_at, teacher_temp_at
 
 __all__ = ['DINO']
@@ -57,6 +64,10 @@ class DINO(BaseSelfSupervisor):
         num_global_views (int): global views (teacher inputs). Defaults to 2.
         koleo_weight (float): weight of the KoLeo regularizer (DINOv2) on the student's
             backbone features of each global view; 0 disables it. Defaults to 0.
+        cuda_graphs (bool | dict): replay the backbone calls of training iterations as CUDA
+            graphs, one per crop shape, after ``warmup_iters`` eager iterations
+            (:class:`~mmdinomamba.models.selfsup.dino_graphs.CropGraphs`; a dict gives its
+            arguments). Needs CUDA: an error without it. Defaults to False.
         data_preprocessor (dict, optional): Defaults to ``SelfSupDataPreprocessor``.
         init_cfg (dict, optional): init config of the whole model. When it is set (e.g. a DINO
             checkpoint), the teacher is NOT reset to the student in :meth:`init_weights`.
@@ -67,7 +78,7 @@ class DINO(BaseSelfSupervisor):
                  warmup_teacher_temp_epochs: int = 0, momentum_teacher: float = 0.996,
                  final_momentum_teacher: float = 1.0, freeze_last_layer: float = 1,
                  num_global_views: int = 2, koleo_weight: float = 0.,
-                 data_preprocessor: Optional[dict] = None,
+                 cuda_graphs=False, data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(backbone=backbone, head=head, data_preprocessor=data_preprocessor,
                          init_cfg=init_cfg)
@@ -89,6 +100,19 @@ class DINO(BaseSelfSupervisor):
         self.num_global_views = num_global_views
         self.koleo_weight = float(koleo_weight)
         self._progress: Optional[Progress] = None
+        self.crop_graphs: Optional[CropGraphs] = None
+        if cuda_graphs:
+            if not torch.cuda.is_available():
+                raise ValueError('DINO: cuda_graphs=True captures CUDA graphs and needs CUDA '
+                                 '(torch.cuda.is_available() is False); set '
+                                 'model.cuda_graphs=False on this machine')
+            self.crop_graphs = CropGraphs(**(cuda_graphs if isinstance(cuda_graphs, dict)
+                                             else {}))
+        # this iteration's schedule values on the model's device (float64: dividing float32
+        # logits by them rounds as dividing by the Python number does); not saved, set_progress
+        # rewrites them before every iteration
+        for name in ('_temp_t', '_momentum_t', '_one_minus_momentum_t'):
+            self.register_buffer(name, torch.zeros((), dtype=torch.float64), persistent=False)
 
     # ---- progress and schedules ---------------------------------------------------------
     def set_progress(self, iteration: int, max_iters: int, epoch_len: int) -> None:
@@ -98,6 +122,11 @@ class DINO(BaseSelfSupervisor):
             raise ValueError(f'DINO.set_progress: need 0 <= iteration ({iteration}) <= max_iters '
                              f'({max_iters}) and epoch_len ({epoch_len}) >= 1')
         self._progress = Progress(int(iteration), int(max_iters), int(epoch_len))
+        momentum = self.momentum
+        # fill_ passes the number as a kernel argument: no host-to-device copy
+        self._temp_t.fill_(self.teacher_temp)
+        self._momentum_t.fill_(momentum)
+        self._one_minus_momentum_t.fill_(1. - momentum)
 
     @property
     def progress(self) -> Progress:
@@ -134,14 +163,31 @@ class DINO(BaseSelfSupervisor):
                                  self.teacher[name].parameters()) if s.requires_grad]
         return [s for s, _ in pairs], [t for _, t in pairs]
 
+    def _schedule_tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(teacher temperature, momentum, 1 - momentum) of this iteration as 0-dim device
+        tensors; outside training without progress, those of iteration 0."""
+        if self._progress is None:
+            p = self.progress  # raises in training mode
+            self.set_progress(p.iteration, p.max_iters, p.epoch_len)
+            self._progress = None
+        return self._temp_t, self._momentum_t, self._one_minus_momentum_t
+
     @torch.no_grad()
     def update_teacher(self, momentum: Optional[float] = None) -> None:
         """``teacher = m * teacher + (1 - m) * student`` for every trainable student parameter
-        (frozen ones are equal in both and stay so). ``m`` defaults to :attr:`momentum`."""
-        m = self.momentum if momentum is None else float(momentum)
+        (frozen ones are equal in both and stay so). ``m`` defaults to :attr:`momentum`, taken
+        from the device scalars that :meth:`set_progress` wrote (no host value in the step).
+
+        Two foreach ops, bit for bit the per-parameter ``t.mul_(m).add_(s * (1 - m))``;
+        ``torch._foreach_lerp_`` rounds differently (about 1 ulp), so it is not used.
+        """
+        if momentum is None:
+            _, m, one_minus_m = self._schedule_tensors()
+        else:
+            m, one_minus_m = float(momentum), 1. - float(momentum)
         student, teacher = self._student_teacher_params()
         torch._foreach_mul_(teacher, m)
-        torch._foreach_add_(teacher, torch._foreach_mul(student, 1. - m))
+        torch._foreach_add_(teacher, torch._foreach_mul(student, one_minus_m))
 
     def init_weights(self) -> None:
         """Initialize the student, then make the teacher an exact copy of it (DINO starts both
@@ -165,17 +211,20 @@ class DINO(BaseSelfSupervisor):
     # ---- forward ------------------------------------------------------------------------
     @staticmethod
     def _multicrop(backbone: nn.Module, head: nn.Module, views: Sequence[Tensor],
-                   freeze_last_layer: bool = False) -> tuple[Tensor, Tensor]:
+                   freeze_last_layer: bool = False, run=None) -> tuple[Tensor, Tensor]:
         """Backbone once per run of same-resolution views, head once.
 
-        Returns the backbone features (sum_v B, C) and head outputs (sum_v B, K), view-major.
+        ``run(backbone, batch) -> feature`` makes the backbone call (default
+        ``backbone(batch)[-1]``; the CUDA-graph replay with ``cuda_graphs``). Returns the
+        backbone features (sum_v B, C) and head outputs (sum_v B, K), view-major.
         """
         feats, start = [], 0
         while start < len(views):
             stop = start + 1
             while stop < len(views) and views[stop].shape[-2:] == views[start].shape[-2:]:
                 stop += 1
-            feats.append(backbone(torch.cat(list(views[start:stop])))[-1])
+            batch = torch.cat(list(views[start:stop]))
+            feats.append(backbone(batch)[-1] if run is None else run(backbone, batch))
             start = stop
         feats = torch.cat(feats)
         return feats, head(feats, detach_last_layer=freeze_last_layer)
@@ -195,13 +244,17 @@ class DINO(BaseSelfSupervisor):
             raise ValueError(f'DINO.loss: expected a list of more than {G} view batches (global '
                              f'views first), got {type(inputs).__name__} of length '
                              f'{len(inputs) if isinstance(inputs, (list, tuple)) else "-"}')
-        temp, momentum = self.teacher_temp, self.momentum
+        temp, momentum, _ = self._schedule_tensors()
+        graphs = self.crop_graphs if self.training else None
+        if graphs is not None:
+            graphs.start_iteration()
         with torch.no_grad():
             _, teacher_out = self._multicrop(self.teacher['backbone'], self.teacher['head'],
-                                             inputs[:G])
+                                             inputs[:G], run=graphs and graphs.teacher)
         student_feats, student_out = self._multicrop(
             self.backbone, self.head, inputs,
-            freeze_last_layer=self.training and self.last_layer_frozen)
+            freeze_last_layer=self.training and self.last_layer_frozen,
+            run=graphs and graphs.student)
         losses = self.dino_loss(student_out, teacher_out, temp)
         if self.koleo_weight > 0:
             global_feats = student_feats[:teacher_out.shape[0]].chunk(G)
@@ -210,7 +263,8 @@ class DINO(BaseSelfSupervisor):
             losses['koleo'] = koleo.detach()
         if self.training:
             self.dino_loss.update_center(teacher_out)
-        scalar = teacher_out.new_tensor
-        losses.update(center_norm=self.dino_loss.center.norm(), teacher_temp=scalar(temp),
-                      momentum=scalar(momentum))
+        # logged copies in the logits' dtype (as new_tensor(number) gave), made on the device
+        losses.update(center_norm=self.dino_loss.center.norm(),
+                      teacher_temp=temp.to(teacher_out.dtype, copy=True),
+                      momentum=momentum.to(teacher_out.dtype, copy=True))
         return losses

@@ -104,6 +104,7 @@ def test_demo_config():
     assert (crop.global_crop_size, crop.local_crop_size) == (64, 32)
     ds = cfg.train_dataloader.dataset
     assert (ds.type, ds.data_root, ds.split) == ('EmbeddedShapes', 'data/embedded', 'train')
-    assert cfg.optim_wrapper.type == 'OptimWrapper'  # fp32 on CPU; --amp switches it
+    # fp32 on CPU (clipping logged without a host read); --amp switches it
+    assert cfg.optim_wrapper.type == 'DINOOptimWrapper'
     assert cfg.train_dataloader.num_workers in (0, 2)
     assert not cfg.train_dataloader.persistent_workers
