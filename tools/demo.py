@@ -244,7 +244,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     wd = osp.abspath(args.work_dir)
     try:
-        with ending_children_on_signals(), explain_write_errors(wd, "the demo's outputs"), \
+        with ending_children_on_signals('[demo] '), \
+                explain_write_errors(wd, "the demo's outputs"), \
                 work_dir_lock(wd, log=lambda msg: print(f'[demo] {msg}', flush=True)):
             demo(args, wd)
     except (WorkDirInUseError, WorkDirWriteError) as err:

@@ -95,9 +95,11 @@ def _resume_command(argv, resume: str, path: str) -> str:
     return shlex.join(['python', script, *out, '--resume', path])
 
 
-def damaged_resume_message(path: str, problem: str, work_dir: str, argv, resume: str) -> str:
+def damaged_resume_message(path: str, problem: str, work_dir: str, argv, resume: str,
+                           built: bool = False) -> str:
     """The error of ``--resume`` from a damaged checkpoint: what is wrong, the last good
-    checkpoint of the work dir and the command to resume from it (nothing is changed)."""
+    checkpoint of the work dir and the command to resume from it (nothing is changed; with
+    ``built``, the runner has made its new log folder)."""
     lines = [f'--resume: cannot resume from {path}: {problem}']
     good = last_good_checkpoint(osp.dirname(osp.abspath(path)), exclude=path)
     if good is None and osp.abspath(osp.dirname(path)) != osp.abspath(work_dir):
@@ -109,7 +111,8 @@ def damaged_resume_message(path: str, problem: str, work_dir: str, argv, resume:
         lines.append(f'There is no other complete checkpoint next to it (with max_keep_ckpts=1 '
                      'only the newest is kept): train again without --resume, in another '
                      '--work-dir to keep this folder as it is.')
-    lines.append('Nothing was changed on disk.')
+    lines.append('Nothing else was changed on disk (the runner made only its new log folder).'
+                 if built else 'Nothing was changed on disk.')
     return '\n'.join(lines)
 
 
@@ -163,7 +166,8 @@ def train(cfg, args, argv) -> None:
         resumed = cfg.get('resume') and cfg.get('load_from') and osp.abspath(
             err.path) == osp.abspath(cfg.load_from)
         raise SystemExit(damaged_resume_message(err.path, err.problem, cfg.work_dir, argv,
-                                                args.resume) if resumed else f'error: {err}')
+                                                args.resume, built=True)
+                         if resumed else f'error: {err}') from None
     del runner  # before the process group goes (see finish_distributed)
 
 

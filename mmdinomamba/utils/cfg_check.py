@@ -17,11 +17,11 @@ from mmengine.config import Config
 __all__ = ['check_runner_args', 'accepted_keys', 'check_keys', 'UnknownArgumentError']
 
 #: keys that the runner or ``initialize`` read themselves, never passed to the class
-CONSUMED = {'type', 'priority'}
+CONSUMED = {'type', 'priority', '_scope_'}
 #: arguments the runner fills in for loops (never given in the config)
 LOOP_INJECTED = {'runner', 'dataloader', 'evaluator'}
 #: keys of an initializer config that mmengine's ``initialize`` reads itself
-INIT_CONSUMED = {'type', 'override', 'name'}
+INIT_CONSUMED = {'type', 'override', 'name', '_scope_'}
 
 
 class UnknownArgumentError(KeyError):
@@ -89,7 +89,7 @@ def check_keys(where: str, cfg: dict, cls, consumed: Iterable[str] = CONSUMED,
         hint = f' Did you mean: {", ".join(close)}?' if close else ''
         raise UnknownArgumentError(
             f'{where}: unknown argument {key!r} of {name}.{hint} Its arguments: '
-            f'{", ".join(sorted(valid))}')
+            f'{", ".join(sorted(valid)) or "(none)"}')
     if not required:
         return
     missing = [k for k in _required(cls) if k not in cfg and k not in set(injected)]

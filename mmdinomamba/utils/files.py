@@ -92,15 +92,16 @@ def _free_space(path: str) -> str:
     return f'; {free / 2**20:.1f} MiB free in {folder}'
 
 
-def describe_write_error(err: OSError, path: str, what: str) -> str:
-    """One line: what failed (``what`` at ``path``), why, what to do."""
+def describe_write_error(err: OSError, path: str, what: str, note: str = '') -> str:
+    """One line: what failed (``what`` at ``path``), why, what to do (then ``note``)."""
     why = WRITE_ERRORS.get(err.errno, err.strerror)
     where = f' (at {err.filename})' if err.filename and osp.abspath(str(err.filename)) != \
         osp.abspath(path) else ''
     advice = _ADVICE.get(err.errno, f'make {osp.dirname(osp.abspath(path))} writable for '
                          'this user or choose another folder (e.g. --work-dir)')
     space = _free_space(path) if err.errno in (errno.ENOSPC, errno.EDQUOT) else ''
-    return f'cannot write {what} {path}{where}: {why}{space}; {advice}'
+    return f'cannot write {what} {path}{where}: {why}{space}; {advice}' + (
+        f'; {note}' if note else '')
 
 
 def _concerns(filename, path: str) -> bool:
@@ -114,11 +115,11 @@ def _concerns(filename, path: str) -> bool:
 
 
 @contextmanager
-def explain_write_errors(path: str, what: str):
+def explain_write_errors(path: str, what: str, note: str = ''):
     """Turn an out-of-space or permission ``OSError`` in the block into a
     :class:`WorkDirWriteError` naming ``path`` and ``what`` was being written (e.g. 'the
-    checkpoint'). Other errors pass unchanged, as do errors about files elsewhere (e.g. reading
-    the data) and errors already explained."""
+    checkpoint'), ``note`` last (e.g. what was kept). Other errors pass unchanged, as do errors
+    about files elsewhere (e.g. reading the data) and errors already explained."""
     try:
         yield
     except WorkDirWriteError:
@@ -126,7 +127,7 @@ def explain_write_errors(path: str, what: str):
     except OSError as err:
         if err.errno not in WRITE_ERRORS or not _concerns(err.filename, path):
             raise
-        raise WorkDirWriteError(err.errno, describe_write_error(err, path, what),
+        raise WorkDirWriteError(err.errno, describe_write_error(err, path, what, note),
                                 str(path)) from err
 
 

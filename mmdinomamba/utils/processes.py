@@ -11,9 +11,11 @@ A child (``tools/train.py``) started with :func:`start_child`
   in a parent with threads (torch's). Other systems lack it: there the child ends only through
   the parent's handlers below.
 
-:func:`ending_children_on_signals` turns ``SIGTERM`` / ``SIGHUP`` into ``SystemExit`` (and
-``SIGINT`` is ``KeyboardInterrupt`` already), so that the ``finally`` of the code waiting for a
-child ends it; an exit of the parent for any other reason goes through the same ``finally``.
+:func:`ending_children_on_signals` turns ``SIGTERM``, ``SIGHUP`` and ``SIGINT`` into
+:class:`Terminated` (a ``SystemExit``), so that the ``finally`` of the code waiting for a child
+ends it, then leaves at once (``os._exit``: tearing down an interpreter that imported torch
+takes seconds on a loaded machine); an exit of the parent for any other reason goes through
+the same ``finally``.
 """
 import os
 import signal
@@ -23,7 +25,8 @@ import time
 from contextlib import contextmanager
 from typing import Sequence
 
-__all__ = ['start_child', 'end_child', 'ending_children_on_signals', 'PARENT_DEATH_SIGNAL']
+__all__ = ['start_child', 'end_child', 'ending_children_on_signals', 'Terminated',
+           'PARENT_DEATH_SIGNAL']
 
 #: the signal a child gets from the kernel when its parent dies (Linux)
 PARENT_DEATH_SIGNAL = signal.SIGTERM
@@ -90,18 +93,39 @@ def end_child(proc: subprocess.Popen, grace: float = 3.0) -> None:
     proc.wait()
 
 
+class Terminated(SystemExit):
+    """Raised in the main thread by a signal; the exit code is ``128 + signal``."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 def _raise_exit(signum, _frame):
-    raise SystemExit(128 + signum)
+    raise Terminated(signum)
+
+
+#: the signals that end the parent (and so its children)
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 @contextmanager
-def ending_children_on_signals():
-    """Within the block, ``SIGTERM`` and ``SIGHUP`` raise ``SystemExit(128 + signal)`` in the
-    main thread (``SIGINT`` raises ``KeyboardInterrupt`` as usual), so ``finally`` clauses
-    run and end the children (:func:`end_child`). The previous handlers come back after."""
-    previous = {s: signal.signal(s, _raise_exit) for s in (signal.SIGTERM, signal.SIGHUP)}
+def ending_children_on_signals(name: str = ''):
+    """Within the block, ``SIGTERM``, ``SIGHUP`` and ``SIGINT`` raise :class:`Terminated`
+    (``SystemExit(128 + signal)``) in the main thread, so ``finally`` clauses run and end the
+    children (:func:`end_child`). Then the process says so on stderr (``name``: who) and
+    leaves with that code without the interpreter's teardown. The previous handlers come back
+    when the block ends otherwise."""
+    previous = {s: signal.signal(s, _raise_exit) for s in ENDING_SIGNALS}
     try:
         yield
+    except Terminated as err:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        sys.stdout.flush()
+        print(f'{name}ended by {signal.Signals(err.signum).name}; its child processes are '
+              'ended', file=sys.stderr, flush=True)
+        os._exit(err.code)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -64,7 +64,7 @@ def test_sigterm_ends_the_demo_and_its_training_child(tmp_path):
     _own_folder(str(data))
     args = ['--data-root', str(data), '--work-dir', str(work), '--seeds', '1', '--cfg-options',
             'train_cfg.max_epochs=1000', 'train_dataloader.batch_size=4',
-            'train_dataloader.num_workers=1']
+            'train_dataloader.num_workers=1', 'custom_hooks.1.patience=100000']
     demo = _demo(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tree = []
     try:

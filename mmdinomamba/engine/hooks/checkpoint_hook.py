@@ -126,10 +126,10 @@ class AtomicCheckpointHook(CheckpointHook):
         previous one stays)."""
         final = osp.join(out_dir, filename)
         tmp = scratch_path(final)
-        kept = f' (the previous checkpoint {self._previous} is kept)' if getattr(
-            self, '_previous', None) else ''
+        previous = getattr(self, '_previous', None)
+        kept = f'the previous checkpoint {previous} is kept' if previous else ''
         try:
-            with explain_write_errors(final, f'the checkpoint{kept}'), \
+            with explain_write_errors(final, 'the checkpoint', kept), \
                     without_log_messages(*self._file_client_notices()):
                 runner.save_checkpoint(out_dir, osp.basename(tmp), *args, **kwargs)
                 if is_main_process():  # Runner.save_checkpoint writes on the main process only

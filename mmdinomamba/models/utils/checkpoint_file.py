@@ -16,7 +16,6 @@ config or other text file, or another kind of file is a :class:`CheckpointFileEr
 load key, '#'``. The error is also logged when it is raised, so the line comes before any
 traceback.
 """
-import logging
 import os
 import os.path as osp
 import re
@@ -109,8 +108,8 @@ def _raise(path: str, problem: str, what: str, log: bool,
            cause: Optional[BaseException] = None):
     err = CheckpointFileError(path, problem, what)
     if log:
-        from mmengine.logging import print_log
-        print_log(f'{type(err).__name__}: {err}', logger='current', level=logging.ERROR)
+        from mmengine.logging import MMLogger
+        MMLogger.get_current_instance().error(f'{type(err).__name__}: {err}')
     raise err from cause
 
 
@@ -125,6 +124,16 @@ def check_checkpoint_file(path: str, what: str = 'checkpoint', log: bool = False
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f'{type(err).__name__}: {text[0] if text else ""}'
+
+
+def _torch_load(path: str, map_location, weights_only: Optional[bool]):
+    try:
+        from mmengine.runner.checkpoint import _safe_torch_load
+    except ImportError:  # an mmengine without it: torch.load's own default
+        import torch
+        kwargs = {} if weights_only is None else dict(weights_only=weights_only)
+        return torch.load(path, map_location=map_location, **kwargs)
+    return _safe_torch_load(path, map_location=map_location, weights_only=weights_only)
 
 
 def read_checkpoint(path: str, map_location='cpu', weights_only: Optional[bool] = None,
@@ -150,9 +159,8 @@ def read_checkpoint(path: str, map_location='cpu', weights_only: Optional[bool] 
     if not osp.isfile(path) and not osp.isdir(path):
         raise FileNotFoundError(f'{what} not found: {path}')
     check_checkpoint_file(path, what, log)
-    from mmengine.runner.checkpoint import _safe_torch_load
     try:
-        return _safe_torch_load(path, map_location=map_location, weights_only=weights_only)
+        return _torch_load(path, map_location, weights_only)
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: BLE001 - any failure of torch.load on this file
@@ -176,7 +184,7 @@ def last_good_checkpoint(folder: str, exclude: str = '') -> Optional[str]:
     return None
 
 
-def _load_from_local(filename: str, map_location=None):
+def load_from_local(filename: str, map_location=None):
     """mmengine's local-file scheme of ``CheckpointLoader``, through :func:`read_checkpoint`."""
     return read_checkpoint(filename, map_location=map_location)
 
@@ -186,7 +194,7 @@ def register_with_mmengine() -> None:
     ``CheckpointLoader`` (``Runner.resume`` / ``load_checkpoint``, ``Pretrained``); other
     schemes (``http://``, ``s3://``, ...) keep theirs."""
     from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.register_scheme(prefixes='', loader=_load_from_local, force=True)
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
 
 
 register_with_mmengine()
