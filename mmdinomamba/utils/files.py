@@ -129,6 +129,14 @@ def explain_write_errors(path: str, what: str, note: str = ''):
             raise
         raise WorkDirWriteError(err.errno, describe_write_error(err, path, what, note),
                                 str(path)) from err
+    except RuntimeError as err:  # torch.save to a path: its C++ writer reports no errno
+        if 'PytorchStreamWriter failed writing' not in str(err):
+            raise
+        first = str(err).strip().splitlines()[0][-120:]
+        message = (f'cannot write {what} {path}: PyTorch could not write the file ({first})'
+                   f'{_free_space(path)}; if the disk is full, free space there or choose '
+                   'another folder (e.g. --work-dir)' + (f'; {note}' if note else ''))
+        raise WorkDirWriteError(errno.EIO, message, str(path)) from err
 
 
 def write_bytes_atomic(path: str, data: bytes, what: str = 'the file') -> None:

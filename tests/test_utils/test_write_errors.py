@@ -96,3 +96,19 @@ def test_demo_lock_in_a_folder_without_permission(tmp_path, monkeypatch):
                        f'{tmp_path}/.mmdinomamba.lock: permission denied'):
         with work_dir_lock(str(tmp_path)):
             pass
+
+
+def test_a_full_disk_under_torch_save_to_a_path(tmp_path, monkeypatch):
+    """``torch.save(obj, path)`` reports a failed write as a RuntimeError without errno."""
+    from mmdinomamba.models.utils import save_atomic
+    dst = str(tmp_path / 'out.pth')
+
+    def save(obj, f, *args, **kwargs):
+        raise RuntimeError('[enforce fail at inline_container.cc:664] . PytorchStreamWriter '
+                           'failed writing file data/0: file write failed')
+
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(WorkDirWriteError, match=f'cannot write the converted weights {dst}: '
+                       'PyTorch could not write the file .* MiB free in'):
+        save_atomic({'w': torch.zeros(2)}, dst)
+    assert os.listdir(tmp_path) == []

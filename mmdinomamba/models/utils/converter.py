@@ -103,8 +103,7 @@ def save_atomic(obj, dst: str) -> None:
     tmp = osp.join(folder, f'.{name}.{os.getpid()}.tmp')
     try:
         with explain_write_errors(dst, 'the converted weights'):
-            with open(tmp, 'wb') as f:  # a file object: a full disk is an OSError
-                torch.save(obj, f)
+            torch.save(obj, tmp)
             os.replace(tmp, dst)
     except BaseException:
         if osp.exists(tmp):
