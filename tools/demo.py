@@ -32,6 +32,7 @@ import time
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mmdinomamba.models.utils.checkpoint_file import CheckpointFileError  # noqa: E402
 from mmdinomamba.utils.cli import DictAction  # noqa: E402
 from mmdinomamba.utils.files import WorkDirWriteError, explain_write_errors  # noqa: E402
 from mmdinomamba.utils.processes import (end_child, ending_children_on_signals,  # noqa: E402
@@ -248,7 +249,7 @@ def main(argv=None) -> None:
                 explain_write_errors(wd, "the demo's outputs"), \
                 work_dir_lock(wd, log=lambda msg: print(f'[demo] {msg}', flush=True)):
             demo(args, wd)
-    except (WorkDirInUseError, WorkDirWriteError) as err:
+    except (WorkDirInUseError, WorkDirWriteError, CheckpointFileError) as err:
         raise SystemExit(f'[demo] error: {err}') from None
 
 

@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Sequence
@@ -116,6 +117,9 @@ def ending_children_on_signals(name: str = ''):
     children (:func:`end_child`). Then the process says so on stderr (``name``: who) and
     leaves with that code without the interpreter's teardown. The previous handlers come back
     when the block ends otherwise."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only; its own handlers apply
+        return
     previous = {s: signal.signal(s, _raise_exit) for s in ENDING_SIGNALS}
     try:
         yield

@@ -130,3 +130,14 @@ def test_resume_from_a_damaged_last_checkpoint_names_the_last_good_one(tmp_path)
     os.remove(good)
     with pytest.raises(SystemExit, match='There is no other complete checkpoint next to it'):
         train.main([DEMO_CFG, '--work-dir', str(work), '--resume', damaged])
+
+
+def test_demo_names_a_damaged_checkpoint(bad_files, tmp_path, monkeypatch):
+    path, problem = bad_files['truncated']
+    demo = load_file('tools/demo.py')
+    # what the demo does with the checkpoint of its pretraining (build_backbone)
+    monkeypatch.setattr(demo, 'demo', lambda args, wd: load_backbone_checkpoint(
+        torch.nn.Linear(2, 2), path, prefix='teacher.backbone.'))
+    with pytest.raises(SystemExit, match=re.escape(
+            f'[demo] error: cannot load the checkpoint {path}: {problem}')):
+        demo.main(['--work-dir', str(tmp_path / 'wd')])
