@@ -11,12 +11,15 @@ import pytest
 
 from mmdinomamba.utils.workdir_lock import LOCK_NAME, WorkDirInUseError, work_dir_lock
 
+#: another run holding the lock as ``work_dir_lock`` does (without importing the package)
 HOLDER = textwrap.dedent('''
-    import sys, time
-    from mmdinomamba.utils.workdir_lock import work_dir_lock
-    with work_dir_lock(sys.argv[1], log=print):
-        print('locked', flush=True)
-        sys.stdin.read()
+    import fcntl, json, os, socket, sys
+    fd = os.open(os.path.join(sys.argv[1], sys.argv[2]), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
+                                 cmdline='python tools/demo.py --marker')).encode())
+    print('locked', flush=True)
+    sys.stdin.read()
 ''')
 
 
@@ -27,9 +30,8 @@ def _dead_pid():
 
 
 def test_a_second_run_is_refused_naming_the_first(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(tmp_path), '--marker'],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(tmp_path), LOCK_NAME],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == 'locked'
         with pytest.raises(WorkDirInUseError) as err:
@@ -40,9 +42,11 @@ def test_a_second_run_is_refused_naming_the_first(tmp_path):
         assert '--marker' in message and 'choose another --work-dir' in message
     finally:
         holder.communicate('', timeout=60)
-    assert not (tmp_path / LOCK_NAME).exists()  # released and removed
-    with work_dir_lock(str(tmp_path)):  # free again
+    notes = []  # the kernel released the lock of the ended process: taken over
+    with work_dir_lock(str(tmp_path), log=notes.append):
         assert json.loads((tmp_path / LOCK_NAME).read_text())['pid'] == os.getpid()
+    assert len(notes) == 1 and f'process {holder.pid}' in notes[0]
+    assert not (tmp_path / LOCK_NAME).exists()  # released and removed
 
 
 def test_the_lock_of_a_dead_run_is_taken_over_with_a_note(tmp_path):
