@@ -57,6 +57,7 @@ def _demo(args, **kwargs):
                             env=env, text=True, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigterm_ends_the_demo_and_its_training_child(tmp_path):
     data, work = tmp_path / 'mine', tmp_path / 'wd'
@@ -68,16 +69,22 @@ def test_sigterm_ends_the_demo_and_its_training_child(tmp_path):
     demo = _demo(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tree = []
     try:
-        deadline, train = time.monotonic() + 300, []
+        deadline = time.monotonic() + 300
+        while not (work / '.mmdinomamba.lock').exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = _demo(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # the same dir
+        train = []
         while not train and time.monotonic() < deadline and demo.poll() is None:
             time.sleep(0.5)
             train = [p for p in _tree(demo.pid) if 'tools/train.py' in _cmdline(p)]
         assert train, 'the demo did not start tools/train.py'
-        second = _demo(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1
         assert f'is in use by process {demo.pid}' in err and 'tools/demo.py' in err
-        time.sleep(2)  # training (and its data loader worker) under way
+        log = work / 'pretrain.log'
+        while 'Epoch(train)' not in (log.read_text() if log.exists() else '') and \
+                time.monotonic() < deadline and demo.poll() is None:
+            time.sleep(0.5)  # until training (and its data loader worker) is under way
         tree = _tree(demo.pid)
         assert len(tree) >= 2
         demo.send_signal(signal.SIGTERM)
