@@ -141,3 +141,33 @@ def test_demo_names_a_damaged_checkpoint(bad_files, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=re.escape(
             f'[demo] error: cannot load the checkpoint {path}: {problem}')):
         demo.main(['--work-dir', str(tmp_path / 'wd')])
+
+
+def test_a_checkpoint_damaged_inside_names_the_last_good_one_too(tmp_path, monkeypatch):
+    """Damage that only ``torch.load`` finds (the structure looks whole) is caught around the
+    runner's resume, with the same message."""
+    work = tmp_path / 'run'
+    work.mkdir()
+    good = _checkpoint(work / 'epoch_1.pth')
+    os.utime(good, (1, 1))
+    damaged = _checkpoint(work / 'epoch_2.pth')
+    (work / 'last_checkpoint').write_text(damaged)
+    train = load_file('tools/train.py')
+
+    class Runner:
+        def train(self):
+            read_checkpoint(damaged)  # what Runner.resume does
+
+    def failing_load(*args, **kwargs):
+        raise RuntimeError('PytorchStreamReader failed reading file data/0: invalid header')
+
+    monkeypatch.setattr('mmengine.runner.checkpoint._safe_torch_load', failing_load)
+    monkeypatch.setattr(train.Runner, 'from_cfg', classmethod(lambda cls, cfg: Runner()))
+    with pytest.raises(SystemExit) as exc:
+        train.main([DEMO_CFG, '--work-dir', str(work), '--resume'])
+    lines = str(exc.value.code).splitlines()
+    assert lines[0] == (f'--resume: cannot resume from {damaged}: torch.load failed (' +
+                        f'{os.path.getsize(damaged)} bytes; damaged or not a checkpoint): '
+                        'RuntimeError: PytorchStreamReader failed reading file data/0: invalid '
+                        'header')
+    assert lines[1] == f'The last good checkpoint is {good}; resume from it with:'
