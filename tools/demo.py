@@ -32,7 +32,12 @@ import time
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mmdinomamba.models.utils.checkpoint_file import CheckpointFileError  # noqa: E402
 from mmdinomamba.utils.cli import DictAction  # noqa: E402
+from mmdinomamba.utils.files import WorkDirWriteError, explain_write_errors  # noqa: E402
+from mmdinomamba.utils.processes import (end_child, ending_children_on_signals,  # noqa: E402
+                                         start_child)
+from mmdinomamba.utils.workdir_lock import WorkDirInUseError, work_dir_lock  # noqa: E402
 
 CONFIGS = {
     'dinovim': 'configs/pretrain/dino_dinovim-demo_*embedded*.py',
@@ -49,6 +54,9 @@ def parse_args(argv=None):
                    f'embedded data set in {DEFAULT_DATA}, generated when missing')
     p.add_argument('--overwrite-data', action='store_true',
                    help=f'regenerate {DEFAULT_DATA} if it was made with other parameters')
+    p.add_argument('--skip-binary-auc', action='store_true',
+                   help='no Binary-AUC, even if the data folder has masks/ (with masks/, every '
+                   'val image needs its mask)')
     p.add_argument('--mixers', nargs='+', default=['dinovim'], choices=sorted(CONFIGS),
                    help='token mixers to pretrain with the same recipe (default: dinovim)')
     p.add_argument('--seeds', type=int, default=3, help='random-init seeds of the baseline')
@@ -80,7 +88,8 @@ def prepare(args):
     """The data folder: generated embedded data, an embedded set elsewhere, or your own."""
     from mmdinomamba.demo.data import prepare_data
     if args.data_root is None:
-        return prepare_data(DEFAULT_DATA, generate=True, overwrite=args.overwrite_data)
+        return prepare_data(DEFAULT_DATA, generate=True, overwrite=args.overwrite_data,
+                            skip_masks=args.skip_binary_auc)
     if not osp.isdir(args.data_root):
         raise SystemExit(f'--data-root {args.data_root} does not exist (to generate the '
                          'embedded data there: python tools/misc/make_embedded_data.py --root '
@@ -88,7 +97,7 @@ def prepare(args):
     if args.overwrite_data:
         raise SystemExit('--overwrite-data only applies to the generated embedded data; your '
                          '--data-root folder is never rewritten')
-    return prepare_data(args.data_root, generate=False)
+    return prepare_data(args.data_root, generate=False, skip_masks=args.skip_binary_auc)
 
 
 def run_config(base: str, data, run_dir: str, options: dict, allow_new_keys: bool = False
@@ -154,20 +163,29 @@ class Progress:
 
 def run(cmd, log_path: str, progress=None) -> float:
     """Run ``cmd`` in the repository, its output into ``log_path``; short lines on the
-    console. Returns the wall time."""
+    console. Returns the wall time. The child runs in its own process group and ends with the
+    demo (:mod:`mmdinomamba.utils.processes`): on SIGTERM / SIGINT, on an error, and (Linux)
+    when the demo is killed."""
     print(f'[demo] $ {" ".join(cmd)}\n[demo]   full log: {log_path}', flush=True)
     start = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED='1')
-    with open(log_path, 'w') as log, subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True) as proc:
-        for line in proc.stdout:
-            log.write(line)
-            short = progress.format(line) if progress else None
-            if short:
-                print(short, flush=True)
-            elif 'Error' in line or 'error:' in line:
-                print(f'  {line.rstrip()}', flush=True)
+    with explain_write_errors(log_path, 'the log'):
+        log = open(log_path, 'w')
+    with log:
+        proc = start_child(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        try:
+            for line in proc.stdout:
+                with explain_write_errors(log_path, 'the log'):
+                    log.write(line)
+                short = progress.format(line) if progress else None
+                if short:
+                    print(short, flush=True)
+                elif 'Error' in line or 'error:' in line:
+                    print(f'  {line.rstrip()}', flush=True)
+            proc.wait()
+        finally:
+            end_child(proc)
     if proc.returncode:
         with open(log_path) as f:
             tail = f.read()[-3000:]
@@ -221,10 +239,22 @@ def pretrain_and_evaluate(mixer: str, args, data, run_dir: str, times: dict) -> 
 
 
 def main(argv=None) -> None:
+    """The demo, alone in its work dir (a second run there is refused, naming this one) and
+    with its children ended when it ends (SIGTERM, SIGINT, an error). A full disk or a folder
+    without permission is an error naming the file being written."""
     args = parse_args(argv)
-    start = time.perf_counter()
     wd = osp.abspath(args.work_dir)
-    os.makedirs(wd, exist_ok=True)
+    try:
+        with ending_children_on_signals('[demo] '), \
+                explain_write_errors(wd, "the demo's outputs"), \
+                work_dir_lock(wd, log=lambda msg: print(f'[demo] {msg}', flush=True)):
+            demo(args, wd)
+    except (WorkDirInUseError, WorkDirWriteError, CheckpointFileError) as err:
+        raise SystemExit(f'[demo] error: {err}') from None
+
+
+def demo(args, wd: str) -> None:
+    start = time.perf_counter()
     times = {}
     data = prepare(args)
     times['data'] = time.perf_counter() - start

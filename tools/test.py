@@ -12,6 +12,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.runner import Runner  # noqa: E402
 
+from mmdinomamba.models.utils.checkpoint_file import (CheckpointFileError,  # noqa: E402
+                                                      check_checkpoint_file)
+from mmdinomamba.utils.cfg_check import check_runner_args  # noqa: E402
 from mmdinomamba.utils.cli import (DictAction, add_tensorboard, check_data_roots,  # noqa: E402
                                    check_out_path, dump_metrics, finish_distributed,
                                    keep_freed_memory_on_cpu, load_config,
@@ -40,7 +43,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    try:
+        return _test(parse_args(argv))
+    except CheckpointFileError as err:  # damaged, truncated or not a checkpoint: one line
+        raise SystemExit(f'error: {err}') from None
+
+
+def _test(args):
     keep_freed_memory_on_cpu()
     if args.out:
         check_out_path(args.out)
@@ -53,9 +62,11 @@ def main(argv=None):
     if args.checkpoint is not None:
         if not osp.isfile(args.checkpoint):
             raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+        check_checkpoint_file(args.checkpoint)  # before the runner writes its log folder
         cfg.load_from = args.checkpoint
     if args.tensorboard:
         add_tensorboard(cfg)
+    check_runner_args(cfg)
     check_data_roots(cfg)
     setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg)

@@ -32,7 +32,8 @@ class DemoData:
     num_images: dict
 
 
-def prepare_data(root: str, generate: bool, overwrite: bool = False) -> DemoData:
+def prepare_data(root: str, generate: bool, overwrite: bool = False,
+                 skip_masks: bool = False) -> DemoData:
     """Check (and, for the embedded set, generate) the data folder.
 
     Args:
@@ -40,6 +41,8 @@ def prepare_data(root: str, generate: bool, overwrite: bool = False) -> DemoData
         generate (bool): ``root`` is the embedded data set: generate it when missing (logged).
             False: a folder of your own, read as it is.
         overwrite (bool): regenerate an embedded set made with other parameters.
+        skip_masks (bool): no Binary-AUC, even with ``masks/`` (else every val image needs its
+            mask: see :func:`~mmdinomamba.datasets.folder.check_folder_layout`).
 
     Returns:
         DemoData: the folder's description.
@@ -49,7 +52,7 @@ def prepare_data(root: str, generate: bool, overwrite: bool = False) -> DemoData
         from mmdinomamba.datasets.embedded import generate_embedded_dataset
         generate_embedded_dataset(root, progress=sys.stderr.isatty(), overwrite=overwrite,
                                   owner='demo')
-    info = check_folder_layout(root)
+    info = check_folder_layout(root, skip_masks=skip_masks)
     return DemoData(root=root, dataset_type='EmbeddedShapes' if generate else
                     'ImageFolderWithMasks', classes=info['classes'],
                     has_masks=info['has_masks'], generated=generate,

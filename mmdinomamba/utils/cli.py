@@ -200,7 +200,7 @@ def dump_metrics(metrics: dict, path: str) -> None:
         return
     metrics = _plain(dict(metrics))
     if osp.splitext(path)[1].lower() == '.pkl':
-        write_bytes_atomic(path, pickle.dumps(metrics))
+        write_bytes_atomic(path, pickle.dumps(metrics), 'the metrics (--out)')
         return
     found: List[str] = []
     clean = _non_finite_to_none(metrics, '', found)
@@ -211,7 +211,8 @@ def dump_metrics(metrics: dict, path: str) -> None:
         print_log(f'--out: {len(found)} metric(s) are not numbers and are written as null in '
                   f'{path}: {", ".join(found)}{detail}', logger='current',
                   level=logging.WARNING)
-    write_text_atomic(path, json.dumps(clean, indent=2, allow_nan=False) + '\n')
+    write_text_atomic(path, json.dumps(clean, indent=2, allow_nan=False) + '\n',
+                      'the metrics (--out)')
 
 
 def setup_cpu_distributed(cfg: Config) -> None:

@@ -14,8 +14,9 @@ from mmdinomamba.datasets.folder import check_folder_layout, mask_path, read_cla
 @pytest.fixture(scope='module')
 def flags_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('flags') / 'flags'
+    # labels are drawn at random: 30 val images cover the 10 classes (checked by the layout)
     load_file('tools/misc/make_flags_data.py').main(
-        ['--root', str(root), '--num-train', '24', '--num-val', '12', '--img-size', '32'])
+        ['--root', str(root), '--num-train', '24', '--num-val', '30', '--img-size', '32'])
     return root
 
 
@@ -30,7 +31,7 @@ def test_flags_layout_masks_and_determinism(flags_root, tmp_path):
     assert 0 < (mask > 0).mean() < 1  # a flag on a background
     again = tmp_path / 'again'
     load_file('tools/misc/make_flags_data.py').main(
-        ['--root', str(again), '--num-train', '24', '--num-val', '12', '--img-size', '32'])
+        ['--root', str(again), '--num-train', '24', '--num-val', '30', '--img-size', '32'])
     assert (again / 'meta' / 'val.txt').read_text() == '\n'.join(rows)
     assert np.array_equal(np.asarray(Image.open(again / 'val' / rel)), img)
 

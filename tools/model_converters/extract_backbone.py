@@ -14,8 +14,6 @@ import argparse
 import os.path as osp
 import sys
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from mmdinomamba.models.utils import DINO_BACKBONE_PREFIXES as PREFIXES  # noqa: E402
@@ -60,12 +58,14 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
         sys.exit(f'checkpoint not found: {args.checkpoint}')
-    from mmdinomamba.models.utils import check_output_path, save_atomic, select_state_dict
+    from mmdinomamba.models.utils import (check_output_path, read_checkpoint, save_atomic,
+                                          select_state_dict)
     try:
         check_output_path(args.checkpoint, args.out)
+        # a damaged or foreign file: one line naming it (CheckpointFileError, a ValueError)
+        ckpt = read_checkpoint(args.checkpoint, weights_only=False, log=False)
     except ValueError as err:
-        sys.exit(str(err))
-    ckpt = torch.load(args.checkpoint, map_location='cpu', weights_only=False)
+        sys.exit(f'error: {err}')
     state_dict = select_state_dict(ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state_dict, dict):
         sys.exit(f'{args.checkpoint}: not a checkpoint dict (got {type(ckpt).__name__})')

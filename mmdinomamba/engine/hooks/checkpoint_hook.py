@@ -22,7 +22,8 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 
-from ...utils.files import fsync_file, scratch_path, stale_scratch_target, write_text_atomic
+from ...utils.files import (explain_write_errors, fsync_file, scratch_path, stale_scratch_target,
+                            write_text_atomic)
 from ...utils.quiet import without_log_messages
 from .epoch_seed_hook import EpochSeedHook
 
@@ -120,15 +121,20 @@ class AtomicCheckpointHook(CheckpointHook):
                 os.remove(path)
 
     def _save_atomically(self, runner, out_dir, filename, *args, **kwargs) -> None:
-        """``runner.save_checkpoint`` into a scratch file, then ``os.replace`` into place."""
+        """``runner.save_checkpoint`` into a scratch file, then ``os.replace`` into place.
+        Out of space or permission: a ``WorkDirWriteError`` naming the checkpoint (the
+        previous one stays)."""
         final = osp.join(out_dir, filename)
         tmp = scratch_path(final)
+        previous = getattr(self, '_previous', None)
+        kept = f'the previous checkpoint {previous} is kept' if previous else ''
         try:
-            with without_log_messages(*self._file_client_notices()):
+            with explain_write_errors(final, 'the checkpoint', kept), \
+                    without_log_messages(*self._file_client_notices()):
                 runner.save_checkpoint(out_dir, osp.basename(tmp), *args, **kwargs)
-            if is_main_process():  # Runner.save_checkpoint writes on the main process only
-                fsync_file(tmp)
-                os.replace(tmp, final)
+                if is_main_process():  # Runner.save_checkpoint writes on the main process only
+                    fsync_file(tmp)
+                    os.replace(tmp, final)
         except BaseException:
             if osp.exists(tmp):
                 os.remove(tmp)
@@ -173,6 +179,7 @@ class AtomicCheckpointHook(CheckpointHook):
                 self.keep_ckpt_ids.append(step)
                 runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
             filename = self.filename_tmpl.format(step)
+            self._previous = getattr(self, 'last_ckpt', None)
             self.last_ckpt = osp.join(self.out_dir, filename)
             runner.message_hub.update_info('last_ckpt', self.last_ckpt)
             self._save_atomically(
@@ -180,7 +187,8 @@ class AtomicCheckpointHook(CheckpointHook):
                 save_param_scheduler=self.save_param_scheduler, meta=meta,
                 by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
             if is_main_process():
-                write_text_atomic(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+                write_text_atomic(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt,
+                                  'the last_checkpoint file')
 
     def _save_best_checkpoint(self, runner, metrics) -> None:
         if not self._local():

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
+from . import checkpoint_file  # noqa: F401  (mmengine's local loads name bad files)
+
 __all__ = [
     'select_state_dict', 'strip_prefix', 'add_prefix', 'compare_keys', 'format_key_report',
     'build_on_meta', 'CheckpointMismatchError', 'backbone_state_dict', 'load_state_dict_checked',
@@ -296,13 +298,24 @@ def load_state_dict_checked(module: nn.Module, state_dict: dict, source: str,
 
 
 def split_pretrained_cfg(init_cfg) -> tuple[Optional[dict], Optional[dict | list]]:
-    """Split an mmengine ``init_cfg`` into its ``Pretrained`` entry and the rest."""
+    """Split an mmengine ``init_cfg`` into its ``Pretrained`` entry and the rest.
+
+    Raises:
+        ValueError: more than one ``Pretrained`` entry.
+        UnknownArgumentError: a key of the ``Pretrained`` entry that mmengine's initializer
+            does not take (e.g. ``prefx``), named with the closest valid keys.
+    """
     cfgs = [] if init_cfg is None else [init_cfg] if isinstance(init_cfg, dict) else \
         list(init_cfg)
     pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
     others = [c for c in cfgs if c.get('type') != 'Pretrained']
     if len(pretrained) > 1:
         raise ValueError(f'init_cfg has {len(pretrained)} Pretrained entries; give one')
+    if pretrained:  # a typo (``prefx=``) would otherwise be ignored, and the prefix be none
+        from mmengine.model.weight_init import PretrainedInit
+
+        from mmdinomamba.utils.cfg_check import INIT_CONSUMED, check_keys
+        check_keys('init_cfg', pretrained[0], PretrainedInit, INIT_CONSUMED, required=False)
     rest = None if not others else others[0] if len(others) == 1 else others
     return (dict(pretrained[0]) if pretrained else None), rest
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .checkpoint import (_top_names, build_on_meta, compare_keys, format_key_report,
                          select_state_dict, strip_wrapper_prefix)
+from .checkpoint_file import read_checkpoint
 
 __all__ = ['converter_weights', 'require_keys', 'backbone_only', 'check_output_path',
            'save_atomic', 'run_converter']
@@ -95,12 +96,15 @@ def check_output_path(src: str, dst: str) -> None:
 
 def save_atomic(obj, dst: str) -> None:
     """``torch.save`` to a temporary file next to ``dst``, then rename it into place, so that
-    ``dst`` is never left half written (and an existing ``dst`` stays intact on failure)."""
+    ``dst`` is never left half written (and an existing ``dst`` stays intact on failure). Out
+    of space or permission: a ``WorkDirWriteError`` naming ``dst``."""
+    from mmdinomamba.utils.files import explain_write_errors
     folder, name = osp.split(osp.abspath(dst))
     tmp = osp.join(folder, f'.{name}.{os.getpid()}.tmp')
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, dst)
+        with explain_write_errors(dst, 'the converted weights'):
+            torch.save(obj, tmp)
+            os.replace(tmp, dst)
     except BaseException:
         if osp.exists(tmp):
             os.remove(tmp)
@@ -126,7 +130,8 @@ def _read_and_convert(args, convert: ConvertFn) -> tuple:
         raise ValueError(f'checkpoint not found: {args.src}')
     check_output_path(args.src, args.dst)
     # Official checkpoints hold argparse Namespaces: trusted input, full unpickling needed.
-    ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
+    # A damaged or foreign file is a CheckpointFileError (a ValueError) naming it.
+    ckpt = read_checkpoint(args.src, weights_only=False, log=False)
     state, key = converter_weights(ckpt, args.key, args.src)
     converted, dropped, cfg = convert(state, args.arch, args.src)
     return converted, dropped, cfg, key
@@ -168,6 +173,10 @@ def run_converter(argv, *, name: str, description: str, src_help: str, arch_help
         print('not written: fix the keys above or pass --allow-missing', file=sys.stderr)
         return 1
     meta = dict(source=args.src, converter=name, key=key, model_cfg=cfg)
-    save_atomic(dict(state_dict=converted, meta=meta), args.dst)
+    try:
+        save_atomic(dict(state_dict=converted, meta=meta), args.dst)
+    except OSError as err:  # out of space or permission: names the file (nothing written)
+        print(f'error: {err}', file=sys.stderr)
+        return 1
     print(f'wrote {len(converted)} tensors to {args.dst}; model: {cfg}')
     return 0
