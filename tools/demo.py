@@ -167,8 +167,8 @@ class Progress:
     KEYS = (('eta', 'eta'), ('loss', 'loss'), ('teacher_entropy', 'H/image'),
             ('teacher_batch_entropy', 'H/batch'), ('prototypes_used', 'prototypes'))
 
-    def __init__(self, name: str, max_epochs: int):
-        self.name, self.max_epochs = name, max_epochs
+    def __init__(self, name: str, max_epochs: int, verb: str = 'pretrain'):
+        self.name, self.max_epochs, self.verb = name, max_epochs, verb
 
     @staticmethod
     def _short(value: str) -> str:
@@ -187,7 +187,7 @@ class Progress:
                 else None
         epoch, i, n = (int(g) for g in m.groups())
         done, total = (epoch - 1) * n + i, self.max_epochs * n
-        parts = [f'[demo] {self.name} pretrain {done}/{total} ({100 * done / total:.0f}%)']
+        parts = [f'[demo] {self.name} {self.verb} {done}/{total} ({100 * done / total:.0f}%)']
         for key, label in self.KEYS:
             v = re.search(rf'\b{key}: (\S+)', line)
             if v:
@@ -275,8 +275,8 @@ def supervised(mixer: str, args, data, cfg, run_dir: str, times: dict):
     path = supervised_config(ROOT, data, cfg, run_dir)
     times[f'{mixer}: supervised'] = run(
         [sys.executable, 'tools/train.py', path, '--work-dir', train_dir],
-        osp.join(run_dir, 'supervised.log'), Progress(f'{mixer} supervised',
-                                                      cfg.train_cfg.max_epochs))
+        osp.join(run_dir, 'supervised.log'), Progress(mixer, cfg.train_cfg.max_epochs,
+                                                      'supervised'))
     return last_checkpoint(train_dir)
 
 

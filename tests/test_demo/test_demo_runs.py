@@ -180,3 +180,30 @@ def test_a_forced_collapse_is_reported_not_crashed(tmp_path):
     assert proc.returncode != 0
     assert 'uniform collapse of the teacher' in proc.stderr
     assert not list((tmp_path / 'train').glob('collapse_iter_*.pth'))
+
+
+def test_the_supervised_baseline_follows_the_dino_run(tmp_path):
+    from mmengine.config import Config
+
+    from mmdinomamba.demo.data import prepare_data
+    from mmdinomamba.demo.supervised import supervised_config
+    from repo_files import load_file
+    demo = load_file('tools/demo.py')
+    data_root = tmp_path / 'mine'
+    data_root.mkdir()
+    _own_folder(str(data_root))
+    data = prepare_data(str(data_root), generate=False)
+    dino = Config.fromfile(demo.run_config(demo.find_config('dinovim'), data,
+                                           str(tmp_path / 'run'), {'train_cfg.max_epochs': 3}))
+    sup = Config.fromfile(supervised_config(REPO, data, dino, str(tmp_path / 'run')))
+    bb = dict(dino.model.backbone)
+    bb.pop('_delete_', None)
+    assert dict(sup.model.backbone) == bb  # the same network
+    assert sup.model.head.num_classes == 3 == sup.data_preprocessor.num_classes
+    assert sup.train_dataloader.dataset.data_root == str(data_root)
+    assert sup.train_dataloader.dataset.type == 'ImageFolderWithMasks'
+    assert sup.train_dataloader.batch_size == dino.train_dataloader.batch_size
+    assert sup.train_cfg.max_epochs == 3 and sup.param_scheduler[1].end == 3
+    resize = [s for s in sup.train_dataloader.dataset.pipeline if s['type'] == 'Resize']
+    assert tuple(resize[0]['scale']) == (64, 64) and sup.val_cfg is None
+    assert sup.model.head.loss.type == 'CrossEntropyLoss'
