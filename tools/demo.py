@@ -6,10 +6,19 @@
 2. pretrain with ``tools/train.py`` on the demo DINO config (written, with the data folder filled
    in, to ``<work-dir>/<mixer>/pretrain_config.py``); the teacher's Binary-AUC per layer is
    recorded every few iterations when the data have masks;
-3. evaluate the DINO teacher and the same backbone at random init (``--seeds`` seeds) with frozen
-   features: k-NN (DINO's: cosine, k = 20, T = 0.07), a linear probe (logistic regression by
-   L-BFGS) and Binary-AUC per layer;
-4. write ``report.md``, ``summary.json`` and PNG figures into ``<work-dir>``.
+   settings that depend on the data (length, colour augmentation, crop scales) are derived from
+   measurements of the train split (:mod:`mmdinomamba.demo.recipe`; ``--no-adapt``: the config
+   as it is), before your ``--cfg-options``;
+3. train the same backbone supervised (cross-entropy on the labels, same data, image size,
+   batch and epochs; ``--no-supervised`` skips it), the paper's Figure 4(a) baseline;
+4. evaluate the DINO teacher, the supervised backbone and the backbone at random init
+   (``--seeds`` seeds) with frozen features: k-NN (DINO's: cosine, k = 20, T = 0.07), a linear
+   probe (logistic regression by L-BFGS) and Binary-AUC per layer;
+5. write ``report.md``, ``summary.json`` and PNG figures into ``<work-dir>``.
+
+Exit status: 0; 3 when the collapse monitor stopped a pretraining (the teacher at that iteration
+is evaluated all the same and the report has a ``collapse`` entry); 1 on any other failure (no
+report).
 
 Usage::
 
@@ -67,6 +76,10 @@ def parse_args(argv=None):
                    help='overrides of the pretraining config, e.g. train_cfg.max_epochs=2')
     p.add_argument('--allow-new-keys', action='store_true',
                    help='let --cfg-options add keys that the config does not define')
+    p.add_argument('--no-adapt', action='store_true',
+                   help='use the pretraining config as it is (no settings derived from the data)')
+    p.add_argument('--no-supervised', action='store_true',
+                   help='skip the supervised baseline')
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error('--seeds must be >= 1')
@@ -120,11 +133,41 @@ def run_config(base: str, data, run_dir: str, options: dict, allow_new_keys: boo
             if data.generated:
                 hook['dataloader']['dataset']['generate'] = False
         hooks.append(hook)
-    cfg.custom_hooks = hooks
+    cfg.custom_hooks = [_demo_monitor(h) for h in hooks]
+    imports = cfg.setdefault('custom_imports', dict(imports=[], allow_failed_imports=False))
+    imports['imports'] = list(imports.get('imports', [])) + ['mmdinomamba.demo.collapse']
     os.makedirs(run_dir, exist_ok=True)
     path = osp.join(run_dir, 'pretrain_config.py')
     cfg.dump(path)
     return path
+
+
+def _demo_monitor(hook: dict) -> dict:
+    """The collapse monitor that leaves the collapsed teacher and a record (same arguments)."""
+    if hook['type'] != 'DINOCollapseMonitorHook':
+        return hook
+    return dict(hook, type='DemoCollapseMonitorHook')
+
+
+def adapt_options(args, data):
+    """The pretraining options: settings derived from the data, then ``--cfg-options``.
+    Returns ``(options, adapt)``; ``adapt`` (measurements, derived options, reasons) is None
+    with ``--no-adapt``."""
+    if args.no_adapt:
+        return args.cfg_options, None
+    from mmdinomamba.demo.recipe import (derive_settings, kept_reasons, measure_data,
+                                         merge_options)
+    measured = measure_data(data.root)
+    derived, why = derive_settings(measured)
+    options, kept = merge_options(derived, args.cfg_options)
+    reasons = kept_reasons(why, kept)
+    print('[demo] settings from the data: ' + ('; '.join(reasons) or 'none (all set by '
+                                                '--cfg-options)'), flush=True)
+    return options, dict(measured=measured, options=kept, reasons=reasons)
+
+
+def _mtime(path: str) -> float:
+    return osp.getmtime(path) if osp.exists(path) else 0.
 
 
 class Progress:
@@ -133,8 +176,8 @@ class Progress:
     KEYS = (('eta', 'eta'), ('loss', 'loss'), ('teacher_entropy', 'H/image'),
             ('teacher_batch_entropy', 'H/batch'), ('prototypes_used', 'prototypes'))
 
-    def __init__(self, name: str, max_epochs: int):
-        self.name, self.max_epochs = name, max_epochs
+    def __init__(self, name: str, max_epochs: int, verb: str = 'pretrain'):
+        self.name, self.max_epochs, self.verb = name, max_epochs, verb
 
     @staticmethod
     def _short(value: str) -> str:
@@ -153,7 +196,7 @@ class Progress:
                 else None
         epoch, i, n = (int(g) for g in m.groups())
         done, total = (epoch - 1) * n + i, self.max_epochs * n
-        parts = [f'[demo] {self.name} pretrain {done}/{total} ({100 * done / total:.0f}%)']
+        parts = [f'[demo] {self.name} {self.verb} {done}/{total} ({100 * done / total:.0f}%)']
         for key, label in self.KEYS:
             v = re.search(rf'\b{key}: (\S+)', line)
             if v:
@@ -211,31 +254,79 @@ def last_checkpoint(work_dir: str) -> str:
         return f.read().strip()
 
 
-def pretrain_and_evaluate(mixer: str, args, data, run_dir: str, times: dict) -> dict:
-    """One mixer: pretraining, then the evaluations of its teacher and of random init."""
+def pretrain(mixer: str, args, cfg_path: str, cfg, run_dir: str, times: dict):
+    """DINO pretraining (unless ``--skip-pretrain``). Returns ``(checkpoint, collapse)``: the
+    teacher to evaluate, and the collapse record (None when none stopped the run)."""
+    from mmdinomamba.demo.collapse import read_collapse
+    train_dir = osp.join(run_dir, 'pretrain')
+    if args.skip_pretrain:
+        collapse = read_collapse(train_dir, since=_mtime(osp.join(train_dir, 'last_checkpoint')))
+    else:
+        t0, start = time.time(), time.perf_counter()
+        try:
+            times[f'{mixer}: pretrain'] = run(
+                [sys.executable, 'tools/train.py', cfg_path, '--work-dir', train_dir],
+                osp.join(run_dir, 'pretrain.log'), Progress(mixer, cfg.train_cfg.max_epochs))
+            collapse = None
+        except SystemExit:
+            collapse = read_collapse(train_dir, since=t0)
+            if collapse is None:
+                raise
+            times[f'{mixer}: pretrain'] = time.perf_counter() - start
+    if collapse:
+        print(f'[demo] {mixer}: {collapse["kind"]} collapse of the teacher, pretraining stopped '
+              f'at iteration {collapse["iteration"]}; evaluating that teacher all the same '
+              f'({collapse["checkpoint"]})', flush=True)
+        return collapse['checkpoint'], collapse
+    return last_checkpoint(train_dir), None
+
+
+def supervised(mixer: str, args, data, cfg, run_dir: str, times: dict):
+    """The supervised baseline's checkpoint (trained unless ``--skip-pretrain`` finds one), or
+    None with ``--no-supervised``."""
+    from mmdinomamba.demo.supervised import supervised_config
+    if args.no_supervised:
+        return None
+    train_dir = osp.join(run_dir, 'supervised')
+    if args.skip_pretrain and osp.isfile(osp.join(train_dir, 'last_checkpoint')):
+        return last_checkpoint(train_dir)
+    path = supervised_config(ROOT, data, cfg, run_dir)
+    times[f'{mixer}: supervised'] = run(
+        [sys.executable, 'tools/train.py', path, '--work-dir', train_dir],
+        osp.join(run_dir, 'supervised.log'), Progress(mixer, cfg.train_cfg.max_epochs,
+                                                      'supervised'))
+    return last_checkpoint(train_dir)
+
+
+def pretrain_and_evaluate(mixer: str, args, data, run_dir: str, times: dict,
+                          options: dict = None) -> dict:
+    """One mixer: pretraining and the supervised baseline, then the evaluations of the
+    teacher, the supervised backbone and random init."""
     from mmengine.config import Config
 
     from mmdinomamba.demo.evaluate import DemoLoaders, build_backbone, evaluate_backbone
+    from mmdinomamba.demo.supervised import PREFIX
     base = find_config(mixer, args.pretrain_config)
-    cfg_path = run_config(base, data, run_dir, args.cfg_options, args.allow_new_keys)
+    options = args.cfg_options if options is None else options
+    cfg_path = run_config(base, data, run_dir, options, args.allow_new_keys)
     cfg = Config.fromfile(cfg_path)
-    train_dir = osp.join(run_dir, 'pretrain')
-    if not args.skip_pretrain:
-        times[f'{mixer}: pretrain'] = run(
-            [sys.executable, 'tools/train.py', cfg_path, '--work-dir', train_dir],
-            osp.join(run_dir, 'pretrain.log'), Progress(mixer, cfg.train_cfg.max_epochs))
-    ckpt = last_checkpoint(train_dir)
+    ckpt, collapse = pretrain(mixer, args, cfg_path, cfg, run_dir, times)
+    sup_ckpt = supervised(mixer, args, data, cfg, run_dir, times)
     start = time.perf_counter()
     bb_cfg = cfg.model.backbone.to_dict()
     loaders = DemoLoaders(data, bb_cfg['img_size'])
     print(f'[demo] {mixer}: evaluating the teacher and {args.seeds} random-init seeds',
           flush=True)
     teacher = evaluate_backbone(build_backbone(bb_cfg, ckpt), loaders, num_examples=4)
+    sup = None if sup_ckpt is None else evaluate_backbone(
+        build_backbone(bb_cfg, sup_ckpt, prefix=PREFIX), loaders, num_examples=4)
     randoms = [evaluate_backbone(build_backbone(bb_cfg, seed=s), loaders,
                                  num_examples=4 if s == 0 else 0) for s in range(args.seeds)]
     times[f'{mixer}: evaluation'] = time.perf_counter() - start
     return dict(config=base, cfg=cfg, teacher=teacher, random=randoms, loaders=loaders,
-                scalars=read_scalars(train_dir), checkpoint=ckpt, bb_cfg=bb_cfg)
+                scalars=read_scalars(osp.join(run_dir, 'pretrain')), checkpoint=ckpt,
+                bb_cfg=bb_cfg, supervised=sup, supervised_checkpoint=sup_ckpt,
+                collapse=collapse)
 
 
 def main(argv=None) -> None:
@@ -260,15 +351,23 @@ def demo(args, wd: str) -> None:
     times['data'] = time.perf_counter() - start
     print(f'[demo] data: {data.root} ({len(data.classes)} classes, {data.num_images} images, '
           f'masks: {"yes" if data.has_masks else "no: Binary-AUC is skipped"})', flush=True)
+    from mmdinomamba.demo.collapse import EXIT_COLLAPSE
     from mmdinomamba.demo.outputs import write_outputs
+    options, adapt = adapt_options(args, data)
     runs = {}
     for mixer in args.mixers:
         run_dir = wd if len(args.mixers) == 1 else osp.join(wd, mixer)
-        runs[mixer] = pretrain_and_evaluate(mixer, args, data, run_dir, times)
+        runs[mixer] = pretrain_and_evaluate(mixer, args, data, run_dir, times, options)
+        runs[mixer]['adapt'] = adapt
     report = write_outputs(wd, runs, data, times, start)
     print(report)
     print(f'[demo] report: {osp.join(wd, "report.md")}; summary: '
           f'{osp.join(wd, "summary.json")}')
+    collapsed = [m for m, r in runs.items() if r['collapse']]
+    if collapsed:
+        print(f'[demo] the teacher collapsed ({", ".join(collapsed)}): exit status '
+              f'{EXIT_COLLAPSE}; see the collapse entry of the report', flush=True)
+        sys.exit(EXIT_COLLAPSE)
 
 
 if __name__ == '__main__':

@@ -24,6 +24,8 @@ __all__ = ['DemoLoaders', 'evaluate_backbone', 'build_backbone']
 #: maps used for the demo's Binary-AUC: the CLS row of every layer's token-mixing matrix,
 #: averaged over heads (DINO's attention-map recipe)
 FEATMAP_CFG = dict(map_type='mixing', layers=None, head_reduce='mean')
+#: the "stethoscope" (paper Figure 4(b)): every head of the last layer on its own
+HEADS_CFG = dict(map_type='mixing', layers=(-1, ), head_reduce=None)
 
 
 class DemoLoaders:
@@ -49,9 +51,11 @@ class DemoLoaders:
         self.preprocessor = MODELS.build(imagenet_preprocessor())
 
 
-def build_backbone(cfg: dict, checkpoint: Optional[str] = None, seed: int = 0):
-    """A backbone from its config: weights from ``checkpoint`` (a DINO checkpoint's teacher or a
-    backbone-only file, loaded strictly), else randomly initialized with ``seed``."""
+def build_backbone(cfg: dict, checkpoint: Optional[str] = None, seed: int = 0,
+                   prefix: str = 'teacher.backbone.'):
+    """A backbone from its config: weights from ``checkpoint`` (keys under ``prefix``: a DINO
+    checkpoint's teacher by default, ``'backbone.'`` for a classifier; or a backbone-only file;
+    loaded strictly), else randomly initialized with ``seed``."""
     from mmdinomamba.models.utils.checkpoint import load_backbone_checkpoint
     torch.manual_seed(seed)
     backbone = MODELS.build(dict(cfg, init_cfg=None))
@@ -63,7 +67,7 @@ def build_backbone(cfg: dict, checkpoint: Optional[str] = None, seed: int = 0):
     finally:
         logger.setLevel(level)
     if checkpoint:
-        load_backbone_checkpoint(backbone, checkpoint, prefix='teacher.backbone.')
+        load_backbone_checkpoint(backbone, checkpoint, prefix=prefix)
     return backbone.eval()
 
 
@@ -76,7 +80,8 @@ def evaluate_backbone(backbone, loaders: DemoLoaders, knn_k: int = 20,
 
     Returns:
         dict: ``knn_top1``, ``linear_top1`` (%), ``probe_converged``, ``binary_auc`` (the
-        :class:`BinaryAUC` metrics or None), ``examples`` (for figures) and ``features``
+        :class:`BinaryAUC` metrics or None), ``binary_auc_heads`` (the metrics of every head of
+        the last layer), ``examples`` and ``head_examples`` (for figures) and ``features``
         (train / val features and labels).
     """
     num_classes = len(loaders.data.classes)
@@ -91,5 +96,9 @@ def evaluate_backbone(backbone, loaders: DemoLoaders, knn_k: int = 20,
     if loaders.masks is not None:
         metrics, examples = evaluate_binary_auc(backbone, loaders.masks, loaders.preprocessor,
                                                 FEATMAP_CFG, dict(), num_examples=num_examples)
-        out.update(binary_auc=metrics, examples=examples)
+        heads, head_examples = evaluate_binary_auc(backbone, loaders.masks,
+                                                   loaders.preprocessor, HEADS_CFG, dict(),
+                                                   num_examples=min(num_examples, 2))
+        out.update(binary_auc=metrics, examples=examples, binary_auc_heads=heads,
+                   head_examples=head_examples)
     return out

@@ -10,12 +10,13 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from mmdinomamba.analysis import plots
 from .report import auc_by_layer, series
 
 __all__ = ['training_curves', 'auc_during_training_figure', 'auc_per_layer_figure',
-           'maps_figure', 'pca_figure', 'mixers_figure']
+           'maps_figure', 'heads_figure', 'pca_figure', 'mixers_figure']
 
 DPI = 100
 
@@ -84,7 +85,8 @@ def auc_per_layer_figure(results: Dict[str, Sequence[dict]], path: str) -> str:
                         label=name + (f' (mean of {len(per)})' if len(per) > 1 else ''))
         if len(per) > 1:
             ax.fill_between(layers, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
-    ax.axhline(50, color='k', ls='--', lw=0.8)
+    ax.axhline(50, color='k', ls='--', lw=0.8, label='chance (50)')
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel='layer', ylabel='Binary-AUC (raw, %)',
            title='Binary-AUC per layer (band: min-max over random-init seeds)')
     ax.legend(fontsize=8)
@@ -102,10 +104,39 @@ def _outline(mask: np.ndarray) -> np.ndarray:
     return m & ~inner
 
 
+#: the heat maps' colour map and its fixed range: every map is min-max normalized to [0, 1]
+#: (what Binary-AUC ranks), so one scale serves every model
+CMAP, VMIN, VMAX = 'inferno', 0., 1.
+
+
+def _heat(ax, fmap, shape, mask=None):
+    """A [0, 1] map stretched over an image of ``shape`` (nearest), mask outline in cyan."""
+    h, w = shape[:2]
+    im = ax.imshow(np.asarray(fmap, np.float32), cmap=CMAP, vmin=VMIN, vmax=VMAX,
+                   interpolation='nearest', extent=(-0.5, w - 0.5, h - 0.5, -0.5))
+    if mask is not None:
+        ax.contour(mask.astype(float), levels=[0.5], colors='cyan', linewidths=1.2)
+    return im
+
+
+def _image(ax, img, mask=None, title='image, mask outline'):
+    ax.imshow(img)
+    if mask is not None:
+        ax.contour(mask.astype(float), levels=[0.5], colors='cyan', linewidths=1.2)
+    ax.set_title(title, fontsize=9)
+
+
+def _no_ticks(axes):
+    for ax in np.asarray(axes).flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+
+
 def maps_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
                 masks: Optional[Sequence[np.ndarray]] = None) -> str:
     """Rows: images; columns: the image with its mask outline, then the CLS map of the last
-    layer of every model (mean over heads), each with its AUC.
+    layer of every model (mean over heads) as a heat map beside it, with the mask outline, its
+    AUC and one colour bar (the same scale for every model).
 
     Args:
         examples (dict): model name -> ``(image, maps, auc, featmaps)`` tuples of
@@ -115,26 +146,61 @@ def maps_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
     """
     names = list(examples)
     n = min(len(v) for v in examples.values())
-    fig = Figure(figsize=(max(9., 3. * (1 + len(names))), 3. * n))
+    fig = Figure(figsize=(2.9 * (1 + len(names)) + 1.2, 2.9 * n + 0.6))
     axes = fig.subplots(n, 1 + len(names), squeeze=False)
+    im = None
     for i in range(n):
         img = plots.preprocessor_image(examples[names[0]][i][0], preprocessor)
-        shown = img.copy()
-        if masks is not None and i < len(masks):
-            shown[_outline(masks[i])] = (255, 255, 0)
-        axes[i, 0].imshow(shown)
-        axes[i, 0].set_title('image, mask outline', fontsize=9)
+        mask = masks[i] if masks is not None and i < len(masks) else None
+        _image(axes[i, 0], img, mask)
         for j, name in enumerate(names, 1):
             _, maps, auc, fm = examples[name][i]
-            layer = -1
-            axes[i, j].imshow(plots.overlay(img, maps[layer].mean(dim=(0, 1))))
-            a = np.asarray(auc)[layer].mean() * 100
-            axes[i, j].set_title(f'{name}\nlayer {fm.layers[layer]}, AUC {a:.1f}', fontsize=9)
-    for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.suptitle('CLS-to-patch maps (CLS row of the token-mixing matrix, mean over heads)')
-    return _save(fig, path)
+            im = _heat(axes[i, j], maps[-1].mean(dim=(0, 1)), img.shape, mask)
+            a = np.asarray(auc)[-1].mean() * 100
+            axes[i, j].set_title(f'{name}\nlayer {fm.layers[-1]}, AUC {a:.1f}', fontsize=9)
+    _no_ticks(axes)
+    fig.suptitle('CLS-to-patch maps of the last layer (CLS row of the token-mixing matrix, '
+                 'mean over heads); cyan: object mask')
+    FigureCanvasAgg(fig)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    cax = fig.add_axes((0.945, 0.1, 0.015, 0.8))
+    fig.colorbar(im, cax=cax, label='map value (min-max normalized per map)')
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def heads_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
+                 masks: Optional[Sequence[np.ndarray]] = None, num_images: int = 2) -> str:
+    """The "stethoscope" (paper Figure 4(b)): every head's CLS map of the last layer, per model,
+    for the first ``num_images`` images, each with its AUC; one colour scale."""
+    names = list(examples)
+    n = min(num_images, *(len(v) for v in examples.values()))
+    heads = examples[names[0]][0][1].shape[1]
+    rows = n * len(names)
+    fig = Figure(figsize=(max(9., 2.4 * (1 + heads) + 1.2), 2.4 * rows + 0.8))
+    axes = fig.subplots(rows, 1 + heads, squeeze=False)
+    im = None
+    for i in range(n):
+        img = plots.preprocessor_image(examples[names[0]][i][0], preprocessor)
+        mask = masks[i] if masks is not None and i < len(masks) else None
+        for j, name in enumerate(names):
+            r = i * len(names) + j
+            _, maps, auc, fm = examples[name][i]
+            head_auc = np.asarray(auc)[-1].reshape(heads, -1).mean(1) * 100
+            _image(axes[r, 0], img, mask, f'image {i + 1}: {name}')
+            for h in range(heads):
+                im = _heat(axes[r, h + 1], maps[-1, h].mean(dim=0), img.shape, mask)
+                axes[r, h + 1].set_title(f'layer {fm.layers[-1]} head {h}: AUC {head_auc[h]:.1f}',
+                                         fontsize=8)
+    _no_ticks(axes)
+    fig.suptitle('Per-head CLS-to-patch maps of the last layer\n(the paper\'s stethoscope, '
+                 'Figure 4(b)); cyan: object mask')
+    FigureCanvasAgg(fig)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    cax = fig.add_axes((0.945, 0.1, 0.015, 0.8))
+    fig.colorbar(im, cax=cax, label='map value (min-max normalized per map)')
+    fig.savefig(path, dpi=DPI)
+    return path
 
 
 def pca_figure(images: Sequence[np.ndarray], rgbs: Dict[str, Sequence[np.ndarray]],

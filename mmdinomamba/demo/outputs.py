@@ -47,17 +47,33 @@ def _figures(run: dict, out_dir: str, name: str) -> list:
     if curve:
         paths.append(figures.auc_during_training_figure(
             curve, rand_mean, osp.join(out_dir, 'auc_during_training.png')))
+    sup = run.get('supervised')
     if teacher.get('binary_auc'):
-        paths.append(figures.auc_per_layer_figure(
-            {f'{name} DINO teacher': [teacher], f'{name} random init': randoms},
-            osp.join(out_dir, 'auc_per_layer.png')))
-        examples = {'DINO teacher': teacher['examples'], 'random init': randoms[0]['examples']}
+        models = {f'{name} DINO teacher': [teacher]}
+        if sup is not None:
+            models[f'{name} supervised'] = [sup]
+        models[f'{name} random init'] = randoms
+        paths.append(figures.auc_per_layer_figure(models, osp.join(out_dir, 'auc_per_layer.png')))
+        examples = {'DINO teacher': teacher['examples']}
+        if sup is not None:
+            examples['supervised'] = sup['examples']
+        examples['random init (seed 0)'] = randoms[0]['examples']
+        masks = _example_masks(loaders)
         paths.append(figures.maps_figure(examples, loaders.preprocessor,
-                                         osp.join(out_dir, 'maps.png'), _example_masks(loaders)))
+                                         osp.join(out_dir, 'maps.png'), masks))
+        head_examples = {'DINO teacher': teacher['head_examples']}
+        if sup is not None:
+            head_examples['supervised'] = sup['head_examples']
+        head_examples['random init (seed 0)'] = randoms[0]['head_examples']
+        paths.append(figures.heads_figure(head_examples, loaders.preprocessor,
+                                          osp.join(out_dir, 'heads.png'), masks))
         inputs = torch.stack([e[0] for e in teacher['examples']])
         images = [plots.preprocessor_image(x, loaders.preprocessor) for x in inputs]
-        rgbs = {'DINO teacher': _pca(build_backbone(run['bb_cfg'], run['checkpoint']), inputs),
-                'random init': _pca(build_backbone(run['bb_cfg'], seed=0), inputs)}
+        rgbs = {'DINO teacher': _pca(build_backbone(run['bb_cfg'], run['checkpoint']), inputs)}
+        if sup is not None:
+            rgbs['supervised'] = _pca(build_backbone(run['bb_cfg'], run['supervised_checkpoint'],
+                                                     prefix='backbone.'), inputs)
+        rgbs['random init'] = _pca(build_backbone(run['bb_cfg'], seed=0), inputs)
         paths.append(figures.pca_figure(images, rgbs, osp.join(out_dir, 'pca.png')))
     return paths
 
@@ -72,7 +88,8 @@ def write_outputs(work_dir: str, runs: dict, data, times: dict, start: float) ->
         figs = _figures(run, out_dir, name)
         summaries[name] = build_summary(run['teacher'], run['random'], run['scalars'],
                                         len(data.classes), run['cfg'].model.head.out_channels,
-                                        time.perf_counter() - start)
+                                        time.perf_counter() - start, run.get('supervised'),
+                                        run.get('collapse'), run.get('adapt'))
         notes = [] if data.has_masks else ['no masks: Binary-AUC skipped']
         if not run['teacher']['probe_converged']:
             notes.append('the teacher linear probe stopped before its tolerance')

@@ -50,11 +50,11 @@ def _snapshot(root):
                       osp.relpath(d, root) for d, _, _ in os.walk(root))
 
 
-def _demo(args, cwd=REPO):
+def _demo(args, cwd=REPO, status=0):
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     proc = subprocess.run([sys.executable, osp.join(REPO, 'tools/demo.py'), *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -71,7 +71,10 @@ def test_demo_on_your_own_folder_reads_it_as_it_is(tmp_path):
     assert summary['num_classes'] == 3  # from classes.txt
     assert len(summary['knn_top1']['random']) == 2
     assert {'binary_auc_mean', 'binary_auc_best_layer'} <= set(summary)
-    for name in ('training_curves', 'auc_per_layer', 'maps', 'pca', 'auc_during_training'):
+    assert summary['knn_top1']['supervised'] >= 0  # the supervised baseline ran
+    assert 'data_settings' in summary
+    for name in ('training_curves', 'auc_per_layer', 'maps', 'heads', 'pca',
+                 'auc_during_training'):
         png = tmp_path / 'wd' / f'{name}.png'
         assert png.is_file(), name
         assert Image.open(png).size[0] >= 800, name
@@ -134,3 +137,73 @@ def test_each_mixer_has_a_demo_config_with_the_same_recipe(mixer, backbone, tmp_
     assert cfg.model.head == ref.model.head
     assert cfg.model.momentum_teacher == ref.model.momentum_teacher
     assert cfg.train_dataloader.dataset.pipeline == ref.train_dataloader.dataset.pipeline
+
+
+@pytest.mark.timeout(600)
+def test_a_forced_collapse_is_reported_not_crashed(tmp_path):
+    """A teacher made uniform (temperature 100) collapses at once: the monitor stops the
+    pretraining, the demo still evaluates that teacher, writes its report with a collapse
+    entry and exits with status 3; tools/train.py alone stops with the monitor's error."""
+    data = tmp_path / 'mine'
+    data.mkdir()
+    _own_folder(str(data), with_masks=True)
+    uniform = ['model.teacher_temp=100', 'model.warmup_teacher_temp=100',
+               'custom_hooks.1.patience=1']
+    wd = tmp_path / 'wd'
+    out = _demo(['--data-root', str(data), '--work-dir', str(wd), '--no-supervised', *TINY,
+                 *uniform, '--seeds', '1'], status=3)
+    assert 'uniform collapse of the teacher, pretraining stopped at iteration 1' in out
+    summary = json.loads((wd / 'summary.json').read_text())
+    c = summary['collapse']
+    assert c['kind'] == 'uniform' and c['iteration'] == 1
+    assert c['signals']['teacher_entropy'] > 0.99 * c['signals']['teacher_batch_entropy']
+    assert 'teacher_temp' in c['what_to_change'] and osp.isfile(c['checkpoint'])
+    assert summary['knn_top1']['teacher'] >= 0  # that teacher was evaluated
+    report = (wd / 'report.md').read_text()
+    assert '**uniform collapse**' in report and 'exits with status 3' in report
+    from mmengine.config import Config
+    cfg_path = str(wd / 'pretrain_config.py')
+    cfg = Config.fromfile(cfg_path)
+    assert 'DemoCollapseMonitorHook' in [h['type'] for h in cfg.custom_hooks]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    plain = osp.join(REPO, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/train.py'), plain, '--work-dir',
+         str(tmp_path / 'train'), '--cfg-options', *uniform, 'train_cfg.max_epochs=1',
+         'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
+         f'train_dataloader.dataset.data_root={data}',
+         'train_dataloader.dataset.type=ImageFolderWithMasks', 'custom_hooks.3.interval=1000',
+         f'custom_hooks.3.dataloader.dataset.data_root={data}',
+         'custom_hooks.3.dataloader.dataset.type=ImageFolderWithMasks',
+         'custom_hooks.3.dataloader.dataset.indices=2'],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert 'uniform collapse of the teacher' in proc.stderr
+    assert not list((tmp_path / 'train').glob('collapse_iter_*.pth'))
+
+
+def test_the_supervised_baseline_follows_the_dino_run(tmp_path):
+    from mmengine.config import Config
+
+    from mmdinomamba.demo.data import prepare_data
+    from mmdinomamba.demo.supervised import supervised_config
+    from repo_files import load_file
+    demo = load_file('tools/demo.py')
+    data_root = tmp_path / 'mine'
+    data_root.mkdir()
+    _own_folder(str(data_root))
+    data = prepare_data(str(data_root), generate=False)
+    dino = Config.fromfile(demo.run_config(demo.find_config('dinovim'), data,
+                                           str(tmp_path / 'run'), {'train_cfg.max_epochs': 3}))
+    sup = Config.fromfile(supervised_config(REPO, data, dino, str(tmp_path / 'run')))
+    bb = dict(dino.model.backbone)
+    bb.pop('_delete_', None)
+    assert dict(sup.model.backbone) == bb  # the same network
+    assert sup.model.head.num_classes == 3 == sup.data_preprocessor.num_classes
+    assert sup.train_dataloader.dataset.data_root == str(data_root)
+    assert sup.train_dataloader.dataset.type == 'ImageFolderWithMasks'
+    assert sup.train_dataloader.batch_size == dino.train_dataloader.batch_size
+    assert sup.train_cfg.max_epochs == 3 and sup.param_scheduler[1].end == 3
+    resize = [s for s in sup.train_dataloader.dataset.pipeline if s['type'] == 'Resize']
+    assert tuple(resize[0]['scale']) == (64, 64) and sup.val_cfg is None
+    assert sup.model.head.loss.type == 'CrossEntropyLoss'

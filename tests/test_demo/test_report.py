@@ -7,7 +7,9 @@ from mmdinomamba.demo.report import (auc_by_layer, auc_during_training, build_su
                                      render_report, series)
 
 SUMMARY_KEYS = {'wall_time_s', 'num_classes', 'knn_top1', 'linear_top1', 'binary_auc_mean',
-                'binary_auc_best_layer', 'teacher_batch_entropy', 'prototypes_used'}
+                'binary_auc_best_layer', 'binary_auc_per_layer', 'teacher_batch_entropy',
+                'prototypes_used'}
+AUC_KEYS = {'binary_auc_mean', 'binary_auc_best_layer', 'binary_auc_per_layer'}
 
 
 def _result(knn, lin, layers=None):
@@ -40,7 +42,7 @@ def test_summary_has_the_documented_keys_and_values():
 
 def test_summary_without_masks_has_no_auc_keys():
     s = build_summary(_result(70., 80.), [_result(50., 60.)], SCALARS, 3, 64, 1.)
-    assert set(s) == SUMMARY_KEYS - {'binary_auc_mean', 'binary_auc_best_layer'}
+    assert set(s) == SUMMARY_KEYS - AUC_KEYS
 
 
 def test_logged_series_and_auc_during_training():
@@ -74,3 +76,44 @@ def test_progress_line(line, expected):
     from repo_files import load_file
     demo = load_file('tools/demo.py')
     assert demo.Progress('dinovim', 8).format(line) == expected
+
+
+def _with_heads(result, heads):
+    result['binary_auc_heads'] = {f'binary_auc/auc/head_{h}': v for h, v in enumerate(heads)}
+    return result
+
+
+def test_supervised_baseline_sits_next_to_teacher_and_random_in_every_metric():
+    teacher = _with_heads(_result(70., 80., [60., 70.]), [66., 74.])
+    sup = _with_heads(_result(90., 95., [58., 64.]), [60., 68.])
+    randoms = [_with_heads(_result(50., 60., [50., 52.]), [50., 54.])]
+    s = build_summary(teacher, randoms, SCALARS, 6, 256, 1., supervised=sup)
+    for key in ('knn_top1', 'linear_top1', 'binary_auc_mean', 'binary_auc_best_layer',
+                'binary_auc_per_layer', 'binary_auc_last_layer_heads'):
+        assert set(s[key]) == {'teacher', 'supervised', 'random'}, key
+    assert s['knn_top1']['supervised'] == 90. and s['binary_auc_mean']['supervised'] == 61.
+    assert s['binary_auc_last_layer_heads'] == dict(
+        teacher={'0': 66., '1': 74.}, supervised={'0': 60., '1': 68.},
+        random=[{'0': 50., '1': 54.}])
+    text = render_report(s, 'c.py', '/d', [], {})
+    assert '| DINO teacher | supervised | random init' in text
+    assert '- k-NN top-1: supervised above DINO (70.0 vs 90.0, -20.0)' in text
+    assert '- Binary-AUC mean over layers: DINO above supervised (65.0 vs 61.0, +4.0)' in text
+    assert '| supervised | 58.0 | 64.0 |' in text and '| DINO teacher | 66.0 | 74.0 |' in text
+    assert 'supervised' not in build_summary(teacher, randoms, SCALARS, 6, 256, 1.)['knn_top1']
+
+
+def test_collapse_is_an_entry_of_summary_and_report():
+    record = dict(kind='uniform', iteration=28, epoch=1, since_iteration=20,
+                  signals=dict(teacher_entropy=5.54, teacher_batch_entropy=5.545,
+                               prototypes_used=7.), what_to_change='Try: a lower teacher_temp',
+                  checkpoint='/w/collapse_iter_28.pth', message='long')
+    s = build_summary(_result(40., 50.), [_result(50., 60.)], SCALARS, 3, 256, 1.,
+                      collapse=record)
+    assert s['collapse']['kind'] == 'uniform' and s['collapse']['iteration'] == 28
+    assert s['collapse']['signals']['prototypes_used'] == 7. and 'message' not in s['collapse']
+    text = render_report(s, 'c.py', '/d', [], {})
+    assert '**uniform collapse**' in text and 'iteration 28' in text
+    assert 'what to change: Try: a lower teacher_temp' in text and 'status 3' in text
+    assert 'collapse' not in build_summary(_result(40., 50.), [_result(50., 60.)], SCALARS, 3,
+                                           256, 1.)
