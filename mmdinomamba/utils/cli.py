@@ -123,8 +123,9 @@ def load_config(path: str, options: Optional[Dict] = None,
 def check_data_roots(cfg: Config) -> None:
     """Fail early, naming the path, when a dataloader's ``data_root`` does not exist.
 
-    Datasets that generate their data (``EmbeddedShapes`` and the embedded seg/det sets) are
-    skipped: they create their folder on first use.
+    The embedded data sets (``EmbeddedShapes`` and the embedded seg/det sets) are skipped: they
+    check their folder themselves (an error naming it and the command that writes it, unless
+    built with ``generate=True``).
     """
     for name in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         loader = cfg.get(name)
