@@ -17,7 +17,7 @@ from mmengine.config import DictAction as _MMEngineDictAction
 from mmengine.dist import is_main_process
 from mmengine.logging import print_log
 
-from .compat import patch_external_config_scopes
+from .compat import drop_own_scope_marks, patch_external_config_scopes
 from .files import write_bytes_atomic, write_text_atomic
 
 patch_external_config_scopes()
@@ -114,6 +114,7 @@ def load_config(path: str, options: Optional[Dict] = None,
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
     cfg = Config.fromfile(path)
+    drop_own_scope_marks(cfg)  # bases inherited as mmdinomamba::... build in default_scope
     check_cfg_options(cfg, options, allow_new_keys)
     if options:
         cfg.merge_from_dict(options)

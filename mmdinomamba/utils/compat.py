@@ -43,3 +43,37 @@ def patch_external_config_scopes() -> None:
             cfg_utils.MODULE2PACKAGE[scope] = scope
     cfg_utils.MODULE2PACKAGE.setdefault(OWN_SCOPE, OWN_SCOPE)
     _PATCHED = True
+
+
+def drop_own_scope_marks(cfg) -> int:
+    """Remove the ``_scope_='mmdinomamba'`` marks of a config that inherits ``mmdinomamba::``.
+
+    mmengine marks the dicts of a ``scope::`` base with that scope, to build them in the
+    scope's registries. mmdinomamba has none of its own (its modules are registered into
+    mmpretrain's, mmseg's and mmdet's), so under that mark nothing would be found; without it
+    the dicts are built under the config's ``default_scope``, exactly as when the base is
+    inherited by path. ``tools/train.py`` and ``tools/test.py`` (``utils.cli.load_config``) call
+    this after loading.
+
+    Args:
+        cfg (mmengine.Config): the loaded config, changed in place.
+
+    Returns:
+        int: the number of marks removed.
+    """
+    removed = 0
+
+    def walk(node):
+        nonlocal removed
+        if isinstance(node, dict):
+            if node.get('_scope_') == OWN_SCOPE:
+                del node['_scope_']
+                removed += 1
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(cfg._cfg_dict)
+    return removed

@@ -60,3 +60,20 @@ def test_package_scope_bases(tmp_path):
                     "\ntrain_cfg = dict(max_epochs=1)\n")
     cfg = Config.fromfile(str(user))
     assert cfg.model.type == 'DINO' and cfg.train_cfg.max_epochs == 1
+
+
+def test_package_scope_bases_build_in_the_default_scope(tmp_path):
+    """mmengine marks a ``mmdinomamba::`` base's dicts with that scope, which has no registries;
+    ``load_config`` (our tools) drops the marks, so the models build under default_scope."""
+    from mmengine.registry import MODELS, DefaultScope
+
+    from mmdinomamba.utils.cli import load_config
+    user = tmp_path / 'my_cfg.py'
+    for base, kind in (('seg/upernet_dinovim-demo_1xb8-300i_embedded-128x128.py', 'EncoderDecoder'),
+                       ('classification/dinovim-demo_1xb32-5e_embedded-64px.py', 'ImageClassifier')):
+        user.write_text(f"_base_ = 'mmdinomamba::{base}'\n")
+        assert Config.fromfile(str(user)).model._scope_ == 'mmdinomamba'
+        cfg = load_config(str(user))
+        assert '_scope_' not in cfg.model
+        with DefaultScope.overwrite_default_scope(cfg.default_scope):
+            assert type(MODELS.build(cfg.model)).__name__ == kind

@@ -58,7 +58,7 @@ custom_hooks = [dict(type='DINOTeacherHook'), dict(type='EpochSeedHook')]
 
 
 def run(cmd, **kwargs):
-    print('+', ' '.join(cmd), flush=True)
+    print('+', ' '.join('<script>' if '\n' in c else c for c in cmd), flush=True)
     subprocess.run(cmd, check=True, **kwargs)
 
 
