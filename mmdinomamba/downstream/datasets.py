@@ -3,8 +3,8 @@
 Both classes read the folders written by
 :func:`mmdinomamba.datasets.embedded.generate_embedded_dataset` (``seg/`` and ``coco/``, see
 ``docs/CONTRACTS.md``), so the UperNet and Cascade Mask R-CNN pipelines run on CPU with no
-download; they generate a missing data set only with ``generate=True``. An existing data set is used with the sizes it was made
-with; it is never replaced unless ``overwrite=True``.
+download; they generate a missing data set only with ``generate=True``. An existing data set is
+used with the sizes it was made with; it is never replaced unless ``overwrite=True``.
 
 - :class:`EmbeddedShapesSeg` (mmseg ``DATASETS``): label maps hold 0 for background and ``k + 1``
   for shape class ``k``. Background is a real class here (index 0, ``reduce_zero_label=False``),

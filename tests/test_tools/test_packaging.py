@@ -69,8 +69,9 @@ def test_package_scope_bases_build_in_the_default_scope(tmp_path):
 
     from mmdinomamba.utils.cli import load_config
     user = tmp_path / 'my_cfg.py'
-    for base, kind in (('seg/upernet_dinovim-demo_1xb8-300i_embedded-128x128.py', 'EncoderDecoder'),
-                       ('classification/dinovim-demo_1xb32-5e_embedded-64px.py', 'ImageClassifier')):
+    for base, kind in (
+            ('seg/upernet_dinovim-demo_1xb8-300i_embedded-128x128.py', 'EncoderDecoder'),
+            ('classification/dinovim-demo_1xb32-5e_embedded-64px.py', 'ImageClassifier')):
         user.write_text(f"_base_ = 'mmdinomamba::{base}'\n")
         assert Config.fromfile(str(user)).model._scope_ == 'mmdinomamba'
         cfg = load_config(str(user))
