@@ -65,7 +65,7 @@ train_dataloader = dict(
     drop_last=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='default_collate'),
-    dataset=dict(type='EmbeddedShapes', data_root='data/embedded', generate=False, split='train',
+    dataset=dict(type='EmbeddedShapes', data_root='data/embedded', split='train',
                  pipeline=train_pipeline))
 
 optim_wrapper = dict(
@@ -105,7 +105,6 @@ custom_hooks = [
          dataloader=dict(
              batch_size=96, num_workers=0, persistent_workers=False,
              sampler=dict(type='DefaultSampler', shuffle=False),
-             dataset=dict(type='EmbeddedShapes', data_root='data/embedded', generate=False,
-                          split='val',
+             dataset=dict(type='EmbeddedShapes', data_root='data/embedded', split='val',
                           with_mask=True, indices=96, pipeline=auc_pipeline))),
 ]
