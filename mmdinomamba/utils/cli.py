@@ -142,7 +142,8 @@ def check_data_roots(cfg: Config) -> None:
         root = dataset.get('data_root')
         if root and not osp.isdir(root):
             raise FileNotFoundError(
-                f'{name}.dataset.data_root={root!r} does not exist. Point it at your data with '
+                f'{name}.dataset.data_root={root!r} does not exist (resolved: '
+                f'{osp.abspath(root)}). Point it at your data with '
                 f'--cfg-options {name}.dataset.data_root=/path/to/data (see README "Data").')
 
 
