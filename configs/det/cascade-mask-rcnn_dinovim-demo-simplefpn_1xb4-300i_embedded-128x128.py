@@ -60,11 +60,13 @@ test_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(_delete_=True, type='EmbeddedShapesCoco', data_root=data_root, split='train',
+    dataset=dict(_delete_=True, type='EmbeddedShapesCoco', data_root=data_root, generate=False,
+                 split='train',
                  filter_cfg=dict(filter_empty_gt=True, min_size=16), pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(_delete_=True, type='EmbeddedShapesCoco', data_root=data_root, split='val',
+    dataset=dict(_delete_=True, type='EmbeddedShapesCoco', data_root=data_root, generate=False,
+                 split='val',
                  test_mode=True, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + '/coco/annotations/instances_val.json')

@@ -22,13 +22,14 @@ train_pipeline = [
 ]
 test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
 train_dataloader = dict(
-    batch_size=16, num_workers=0,
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='train',
+    batch_size=16, num_workers=0, persistent_workers=False,
+    dataset=dict(type='EmbeddedShapes', data_root=data_root, generate=False, split='train',
                  pipeline=train_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=True))
 val_dataloader = dict(
-    batch_size=16, num_workers=0,
-    dataset=dict(type='EmbeddedShapes', data_root=data_root, split='val', pipeline=test_pipeline),
+    batch_size=16, num_workers=0, persistent_workers=False,
+    dataset=dict(type='EmbeddedShapes', data_root=data_root, generate=False, split='val',
+                 pipeline=test_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=False))
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_dataloader = val_dataloader

@@ -98,10 +98,13 @@ custom_hooks = [
     dict(type='DINOTeacherHook'),
     dict(type='DINOCollapseMonitorHook', patience=100),
     dict(type='EpochSeedHook'),
+    # one example's CLS-to-patch maps per evaluation, as a PNG in <log_dir>/binary_auc/ and an
+    # image of every vis backend (TensorBoard with tools/train.py --tensorboard)
     dict(type='BinaryAUCHook', by_epoch=False, interval=50, layers=None, head_reduce='mean',
-         num_examples=0,
+         num_examples=1,
          dataloader=dict(
-             batch_size=96, num_workers=0, sampler=dict(type='DefaultSampler', shuffle=False),
+             batch_size=96, num_workers=0, persistent_workers=False,
+             sampler=dict(type='DefaultSampler', shuffle=False),
              dataset=dict(type='EmbeddedShapes', data_root='data/embedded', split='val',
                           with_mask=True, indices=96, pipeline=auc_pipeline))),
 ]

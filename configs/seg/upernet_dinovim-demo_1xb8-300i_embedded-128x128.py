@@ -38,11 +38,13 @@ test_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=8, num_workers=0, persistent_workers=False,
-    dataset=dict(_delete_=True, type='EmbeddedShapesSeg', data_root=data_root, split='train',
+    dataset=dict(_delete_=True, type='EmbeddedShapesSeg', data_root=data_root, generate=False,
+                 split='train',
                  pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=8, num_workers=0, persistent_workers=False,
-    dataset=dict(_delete_=True, type='EmbeddedShapesSeg', data_root=data_root, split='val',
+    dataset=dict(_delete_=True, type='EmbeddedShapesSeg', data_root=data_root, generate=False,
+                 split='val',
                  pipeline=test_pipeline))
 test_dataloader = val_dataloader
 

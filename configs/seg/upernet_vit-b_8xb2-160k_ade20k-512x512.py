@@ -3,9 +3,9 @@
 # 160k iters. Model = mmseg's ViT + MultiLevelNeck recipe with our backbone: 4 evenly spaced
 # blocks as (B, C, 32, 32) patch-token maps -> MultiLevelNeck (x4, x2, x1, x0.5) -> UPerHead +
 # auxiliary FCNHead. 8 GPUs x 2 images, as mmseg's ViT configs (the paper gives no batch size).
+# The bases hold mmseg's settings for this recipe (model, ADE20K, runtime + 160k schedule).
 _base_ = [
-    'mmseg::_base_/models/upernet_vit-b16_ln_mln.py', 'mmseg::_base_/datasets/ade20k.py',
-    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py'
+    './_base_/upernet_vit-mln.py', './_base_/ade20k_512x512.py', './_base_/seg_runtime_160k.py'
 ]
 custom_imports = dict(imports=['mmdinomamba', 'mmdinomamba.downstream'],
                       allow_failed_imports=False)

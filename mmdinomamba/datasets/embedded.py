@@ -8,6 +8,12 @@ The folder is written into a hidden sibling and renamed into place, so an interr
 leaves a half-written data set behind (the next run removes the scratch folder of a killed one).
 Generation is always logged. An existing folder that is not ours is never touched, and an existing
 embedded data set is never replaced by one with other parameters unless ``overwrite=True``.
+
+Data are generated only where asked for: by ``generate_embedded_dataset`` (the demo,
+``tools/misc/make_embedded_data.py``, test fixtures) or by a dataset built with
+``generate=True``. A dataset pointed at a missing folder otherwise raises, naming the absolute
+folder and the command that makes it, so that a config run from another working directory does
+not fill that directory with images.
 """
 import io
 import json
@@ -15,6 +21,7 @@ import logging
 import os
 import os.path as osp
 import re
+import shlex
 import shutil
 import time
 from typing import Optional
@@ -249,7 +256,35 @@ def _swap_into_place(tmp: str, root: str, params: dict, overwrite: bool, owner: 
         shutil.rmtree(old, ignore_errors=True)
 
 
-def prepare_embedded_data(data_root: str, owner: str, generate: bool = True,
+def make_data_command(data_root: str, **params) -> str:
+    """The command line that writes the embedded data set ``data_root`` with ``params`` (the
+    ones that differ from the package defaults), for error messages."""
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    tool = osp.realpath(osp.join(package, '.mim', 'tools', 'misc', 'make_embedded_data.py'))
+    if not osp.isfile(tool):
+        tool = 'tools/misc/make_embedded_data.py'
+    words = ['python', tool, '--root', osp.abspath(data_root)]
+    for key, value in params.items():
+        if value is not None and value != DEFAULTS.get(key):
+            words += [f'--{key.replace("_", "-")}', str(value)]
+    return ' '.join(shlex.quote(w) for w in words)
+
+
+def missing_data_error(data_root: str, owner: str, **params) -> FileNotFoundError:
+    """The error for a missing embedded data set: the resolved folder, the working directory a
+    relative ``data_root`` was resolved against, and the two ways to make the data."""
+    where = osp.abspath(data_root)
+    relative = '' if osp.isabs(data_root) else \
+        f' (data_root={data_root!r} resolved against the working directory {os.getcwd()})'
+    return FileNotFoundError(
+        f'{owner}: no embedded data set at {where}{relative}: no meta.json there. Data are '
+        'generated only when '
+        f'asked for: run `{make_data_command(data_root, **params)}`, or build the data set '
+        'with generate=True (in a config: --cfg-options train_dataloader.dataset.generate=True '
+        'and likewise for the other loaders), or point data_root at an existing data set.')
+
+
+def prepare_embedded_data(data_root: str, owner: str, generate: bool = False,
                           overwrite: bool = False, **params) -> dict:
     """Make sure the embedded data set under ``data_root`` exists and matches ``params``.
 
@@ -260,10 +295,11 @@ def prepare_embedded_data(data_root: str, owner: str, generate: bool = True,
     Args:
         data_root (str): folder of the embedded data.
         owner (str): class name used in messages.
-        generate (bool): generate a missing data set (logged: path, size). With False a
-            folder without ``meta.json`` raises ``FileNotFoundError``. Defaults to True.
-        overwrite (bool): regenerate an existing data set made with other parameters.
-            Defaults to False.
+        generate (bool): generate a missing data set (logged: path, size). With False
+            (default) a folder without ``meta.json`` raises ``FileNotFoundError`` naming the
+            absolute folder and the command that makes it.
+        overwrite (bool): regenerate an existing data set made with other parameters (an
+            explicit request: it needs no ``generate``). Defaults to False.
         **params: ``num_train``, ``num_val``, ``img_size``, ``seed`` (int or None).
 
     Returns:
@@ -275,16 +311,14 @@ def prepare_embedded_data(data_root: str, owner: str, generate: bool = True,
                         f'{sorted(DEFAULTS)}')
     meta = _read_meta(data_root)
     if meta is None and not generate:
-        raise FileNotFoundError(
-            f'{owner}: no embedded data set at data_root={data_root!r} (meta.json missing); '
-            'create it with `python tools/misc/make_embedded_data.py` or set generate=True')
+        raise missing_data_error(data_root, owner, **params)
     base = DEFAULTS if meta is None else {k: meta.get(k, v) for k, v in DEFAULTS.items()}
     full = {k: base[k] if params.get(k) is None else params[k] for k in DEFAULTS}
     if meta is not None:
         requested = dict(version=FORMAT_VERSION, classes=list(CLASSES), **full)
         if _mismatch(data_root, meta, requested, owner) is None:
             return meta
-        if not (overwrite and generate):
+        if not overwrite:
             _check_or_raise(osp.abspath(data_root), meta, requested, owner)
     generate_embedded_dataset(data_root, **full, overwrite=overwrite, owner=owner)
     return _read_meta(data_root)
@@ -292,7 +326,7 @@ def prepare_embedded_data(data_root: str, owner: str, generate: bool = True,
 
 @DATASETS.register_module()
 class EmbeddedShapes(CustomDataset):
-    """Classification view of the embedded data set (generated on first use).
+    """Classification view of the embedded data set.
 
     Args:
         data_root (str): folder of the embedded data. Defaults to ``'data/embedded'``.
@@ -300,7 +334,8 @@ class EmbeddedShapes(CustomDataset):
         with_mask (bool): add ``fg_mask_path`` (binary foreground PNG) to every data info.
             Defaults to False.
         generate (bool): generate the data if missing (logged: absolute path, image counts,
-            size). With False a missing folder raises ``FileNotFoundError``. Defaults to True.
+            size). With False (default) a missing folder raises ``FileNotFoundError`` naming
+            the absolute folder and the command that makes it.
         overwrite (bool): regenerate an existing data set made with other generator
             parameters than the given ones. Defaults to False: such a mismatch raises
             :class:`EmbeddedDataMismatchError` naming the folder, the parameters and both values.
@@ -311,7 +346,7 @@ class EmbeddedShapes(CustomDataset):
     """
 
     def __init__(self, data_root: str = 'data/embedded', split: str = 'train',
-                 with_mask: bool = False, generate: bool = True, overwrite: bool = False,
+                 with_mask: bool = False, generate: bool = False, overwrite: bool = False,
                  num_train: Optional[int] = None, num_val: Optional[int] = None,
                  img_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         if split not in ('train', 'val'):

@@ -2,9 +2,9 @@
 
 Both classes read the folders written by
 :func:`mmdinomamba.datasets.embedded.generate_embedded_dataset` (``seg/`` and ``coco/``, see
-``docs/CONTRACTS.md``) and generate them on first use, so the UperNet and Cascade Mask R-CNN
-pipelines run on CPU with no download. An existing data set is used with the sizes it was made
-with; it is never replaced unless ``overwrite=True``.
+``docs/CONTRACTS.md``), so the UperNet and Cascade Mask R-CNN pipelines run on CPU with no
+download; they generate a missing data set only with ``generate=True``. An existing data set is
+used with the sizes it was made with; it is never replaced unless ``overwrite=True``.
 
 - :class:`EmbeddedShapesSeg` (mmseg ``DATASETS``): label maps hold 0 for background and ``k + 1``
   for shape class ``k``. Background is a real class here (index 0, ``reduce_zero_label=False``),
@@ -60,7 +60,8 @@ class EmbeddedShapesSeg(BaseSegDataset):
         data_root (str): folder of the embedded data. Defaults to ``'data/embedded'``.
         split (str): ``'train'`` (``seg/*/training``) or ``'val'`` (``seg/*/validation``).
             Defaults to ``'train'``.
-        generate (bool): generate the data if missing (logged). Defaults to True.
+        generate (bool): generate the data if missing (logged). Defaults to False: a missing
+            folder raises, naming the absolute folder and the command that makes it.
         overwrite (bool): regenerate an existing data set made with other generator parameters
             than the given ones. Defaults to False: such a mismatch raises, naming the folder,
             the parameters and both values.
@@ -72,7 +73,7 @@ class EmbeddedShapesSeg(BaseSegDataset):
     METAINFO = dict(classes=('background', ) + CLASSES, palette=_PALETTE)
 
     def __init__(self, data_root: str = 'data/embedded', split: str = 'train',
-                 generate: bool = True, overwrite: bool = False,
+                 generate: bool = False, overwrite: bool = False,
                  num_train: Optional[int] = None, num_val: Optional[int] = None,
                  img_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         prepare_embedded_root(type(self).__name__, data_root, split, generate,
@@ -97,7 +98,8 @@ class EmbeddedShapesCoco(CocoDataset):
         data_root (str): folder of the embedded data. Defaults to ``'data/embedded'``.
         split (str): ``'train'`` or ``'val'`` (``coco/annotations/instances_{split}.json`` with
             images in ``coco/{split}/``). Defaults to ``'train'``.
-        generate (bool): generate the data if missing (logged). Defaults to True.
+        generate (bool): generate the data if missing (logged). Defaults to False: a missing
+            folder raises, naming the absolute folder and the command that makes it.
         overwrite (bool): regenerate an existing data set made with other generator parameters
             than the given ones. Defaults to False: such a mismatch raises, naming the folder,
             the parameters and both values.
@@ -110,7 +112,7 @@ class EmbeddedShapesCoco(CocoDataset):
     METAINFO = dict(classes=CLASSES, palette=_PALETTE[1:])
 
     def __init__(self, data_root: str = 'data/embedded', split: str = 'train',
-                 generate: bool = True, overwrite: bool = False,
+                 generate: bool = False, overwrite: bool = False,
                  num_train: Optional[int] = None, num_val: Optional[int] = None,
                  img_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         prepare_embedded_root(type(self).__name__, data_root, split, generate,

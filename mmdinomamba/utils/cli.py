@@ -17,7 +17,7 @@ from mmengine.config import DictAction as _MMEngineDictAction
 from mmengine.dist import is_main_process
 from mmengine.logging import print_log
 
-from .compat import patch_external_config_scopes
+from .compat import drop_own_scope_marks, patch_external_config_scopes
 from .files import write_bytes_atomic, write_text_atomic
 
 patch_external_config_scopes()
@@ -114,6 +114,7 @@ def load_config(path: str, options: Optional[Dict] = None,
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
     cfg = Config.fromfile(path)
+    drop_own_scope_marks(cfg)  # bases inherited as mmdinomamba::... build in default_scope
     check_cfg_options(cfg, options, allow_new_keys)
     if options:
         cfg.merge_from_dict(options)
@@ -123,8 +124,9 @@ def load_config(path: str, options: Optional[Dict] = None,
 def check_data_roots(cfg: Config) -> None:
     """Fail early, naming the path, when a dataloader's ``data_root`` does not exist.
 
-    Datasets that generate their data (``EmbeddedShapes`` and the embedded seg/det sets) are
-    skipped: they create their folder on first use.
+    The embedded data sets (``EmbeddedShapes`` and the embedded seg/det sets) are skipped: they
+    check their folder themselves (an error naming it and the command that writes it, unless
+    built with ``generate=True``).
     """
     for name in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         loader = cfg.get(name)
@@ -140,7 +142,8 @@ def check_data_roots(cfg: Config) -> None:
         root = dataset.get('data_root')
         if root and not osp.isdir(root):
             raise FileNotFoundError(
-                f'{name}.dataset.data_root={root!r} does not exist. Point it at your data with '
+                f'{name}.dataset.data_root={root!r} does not exist (resolved: '
+                f'{osp.abspath(root)}). Point it at your data with '
                 f'--cfg-options {name}.dataset.data_root=/path/to/data (see README "Data").')
 
 

@@ -68,7 +68,7 @@ def test_dataset_overwrite_flag_and_generate_false(tmp_path):
 
 def test_generation_is_logged_with_absolute_path_and_size(tmp_path, monkeypatch, logs):
     monkeypatch.chdir(tmp_path)
-    EmbeddedShapes(data_root='rel/emb', **TINY)
+    EmbeddedShapes(data_root='rel/emb', generate=True, **TINY)
     start = [m for m in logs if m.startswith('Generating')]
     assert len(start) == 1
     assert str(tmp_path / 'rel' / 'emb') in start[0]
@@ -79,6 +79,23 @@ def test_generation_is_logged_with_absolute_path_and_size(tmp_path, monkeypatch,
     assert logs == []
     generate_embedded_dataset('rel/emb', **dict(TINY, seed=1), overwrite=True)
     assert any(m.startswith('Replacing') for m in logs)
+
+
+def test_missing_data_is_an_error_naming_the_folder_and_the_command(tmp_path, monkeypatch):
+    """Without generate=True nothing is written: the error names the absolute folder, the
+    working directory a relative data_root was resolved against, and the command that makes
+    the data (with the requested sizes)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        EmbeddedShapes(data_root='data/embedded', num_train=8)
+    msg = str(err.value)
+    assert str(tmp_path / 'data' / 'embedded') in msg and f'working directory {tmp_path}' in msg
+    command = msg.split('`')[1]
+    assert command.split()[1].endswith(os.path.join('tools', 'misc', 'make_embedded_data.py'))
+    assert os.path.isfile(command.split()[1])
+    assert f'--root {tmp_path / "data" / "embedded"} --num-train 8' in command
+    assert 'generate=True' in msg
+    assert os.listdir(tmp_path) == []  # nothing generated
 
 
 def test_default_size_estimate_is_about_94_mb():

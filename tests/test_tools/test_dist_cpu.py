@@ -36,6 +36,7 @@ def test_two_processes_train_and_test_on_cpu(embedded_root, tmp_path):
     work = tmp_path / 'dino'
     log = _run('dist_train.sh', DINO, '2', '--work-dir', str(work), '--cfg-options',
                f'train_dataloader.dataset.data_root={embedded_root}',
+               f'custom_hooks.3.dataloader.dataset.data_root={embedded_root}',
                'train_dataloader.batch_size=8', 'train_dataloader.num_workers=0',
                'model.backbone.arch.num_layers=1', 'train_cfg.max_epochs=1',
                'default_hooks.logger.interval=1')

@@ -1,5 +1,6 @@
 """``tools/train.py --tensorboard``: losses, DINO collapse signals, Binary-AUC per layer and its
-map figures reach TensorBoard event files (CPU, a few DINO iterations on the embedded data)."""
+map figures reach TensorBoard event files (CPU, a few DINO iterations of the demo config on the
+embedded data)."""
 import glob
 import importlib.util
 import os.path as osp
@@ -12,24 +13,25 @@ DINO_DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedde
 
 
 def _config(tmp_path, root) -> str:
-    """The DINO demo shrunk to 3 iterations, with a Binary-AUC hook on the masked val split."""
-    cfg = tmp_path / 'dino_tb.py'
-    cfg.write_text(f"""_base_ = '{DINO_DEMO}'
-model = dict(backbone=dict(arch=dict(embed_dims=32, num_layers=2)), head=dict(in_channels=32))
-train_dataloader = dict(batch_size=16, num_workers=0,
-                        dataset=dict(data_root='{root}', num_train=48, num_val=16, img_size=64))
-param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=3)]
-train_cfg = dict(max_epochs=1)
-default_hooks = dict(logger=dict(interval=1))
-auc_loader = dict(batch_size=8, num_workers=0, sampler=dict(type='DefaultSampler', shuffle=False),
-                  dataset=dict(type='EmbeddedShapes', data_root='{root}', split='val',
-                               with_mask=True, num_train=48, num_val=16, img_size=64,
-                               pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadFgMask'),
-                                         dict(type='PackInputs', algorithm_keys=['gt_seg_map'])]))
-custom_hooks = [dict(type='DINOTeacherHook'), dict(type='EpochSeedHook'),
-                dict(type='BinaryAUCHook', dataloader=auc_loader, layers=[0, 1], num_examples=1)]
-""")
-    return str(cfg)
+    """The DINO demo shrunk to 3 iterations, with its own Binary-AUC hook (example maps
+    included) on the masked val split."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(DINO_DEMO)
+    cfg.model.backbone.arch.update(embed_dims=32, num_layers=2)
+    cfg.model.head.in_channels = 32
+    cfg.train_dataloader.update(batch_size=16, num_workers=0)
+    cfg.train_dataloader.dataset.data_root = str(root)
+    cfg.param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=3)]
+    cfg.train_cfg.max_epochs = 1
+    cfg.default_hooks.logger.interval = 1
+    hook, = [h for h in cfg.custom_hooks if h.type == 'BinaryAUCHook']
+    assert hook.num_examples > 0  # the demo's TensorBoard run carries the maps
+    hook.layers = [0, 1]
+    hook.dataloader.batch_size = 8
+    hook.dataloader.dataset.update(data_root=str(root), indices=16)
+    path = tmp_path / 'dino_tb.py'
+    cfg.dump(str(path))
+    return str(path)
 
 
 def test_train_writes_tensorboard_events(tmp_path, embedded_root):

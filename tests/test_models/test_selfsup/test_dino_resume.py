@@ -45,6 +45,9 @@ def _cfg(root, work_dir, name, resume=False):
     crop.update(global_crop_size=32, local_crop_size=16, num_local_crops=2)
     cfg.train_dataloader.update(batch_size=8, num_workers=0)  # 48 images: 6 iterations / epoch
     cfg.train_dataloader.dataset.data_root = str(root)
+    for hook in cfg.custom_hooks:  # the Binary-AUC hook reads the same small data set
+        if hook.type == 'BinaryAUCHook':
+            hook.dataloader.dataset.data_root = str(root)
     cfg.train_cfg.max_epochs = 3
     for sched in cfg.param_scheduler[1:]:  # cosine lr / weight decay over the 3 epochs
         sched.end = 3
