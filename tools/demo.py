@@ -274,9 +274,10 @@ def pretrain(mixer: str, args, cfg_path: str, cfg, run_dir: str, times: dict):
                 raise
             times[f'{mixer}: pretrain'] = time.perf_counter() - start
     if collapse:
-        print(f'[demo] {mixer}: {collapse["kind"]} collapse of the teacher, pretraining stopped '
-              f'at iteration {collapse["iteration"]}; evaluating that teacher all the same '
-              f'({collapse["checkpoint"]})', flush=True)
+        stopped = collapse.get('stopped_at_iteration', collapse['iteration'])
+        print(f'[demo] {mixer}: {collapse["kind"]} collapse of the teacher at iteration '
+              f'{collapse["iteration"]}, pretraining stopped at iteration {stopped}; evaluating '
+              f'that teacher all the same ({collapse["checkpoint"]})', flush=True)
         return collapse['checkpoint'], collapse
     return last_checkpoint(train_dir), None
 

@@ -17,7 +17,7 @@ from typing import Optional
 from mmpretrain.registry import HOOKS
 
 from mmdinomamba.engine.hooks.dino_collapse_hook import (ONEHOT_HINT, UNIFORM_HINT,
-                                                         DINOCollapseMonitorHook, _value)
+                                                         DINOCollapseMonitorHook)
 
 __all__ = ['DemoCollapseMonitorHook', 'read_collapse', 'EXIT_COLLAPSE', 'RECORD']
 
@@ -36,24 +36,31 @@ class DemoCollapseMonitorHook(DINOCollapseMonitorHook):
     worth evaluating). Arguments: those of :class:`DINOCollapseMonitorHook`.
     """
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        self._runner = runner
+
+    def _check_collapse(self, epoch: int, it: int, signals: dict) -> None:
+        # the monitor checks the kept signals at its reads (every `interval` iterations, at the
+        # end of an epoch and of training), so the collapse is recorded wherever it is found
         try:
-            super().after_train_iter(runner, batch_idx, data_batch, outputs)
+            super()._check_collapse(epoch, it, signals)
         except RuntimeError as err:
-            if self._kind is None or self._streak < self.patience:
-                raise
-            self._record(runner, outputs, err)
+            self._record(self._runner, it, epoch, signals, err)
             raise
 
-    def _record(self, runner, outputs, err: Exception) -> None:
-        it = runner.iter + 1
-        name = f'collapse_iter_{it}.pth'
+    def _record(self, runner, it: int, epoch: int, signals: dict, err: Exception) -> None:
+        # the weights are those of the iteration at which the monitor read the signals (at most
+        # `interval - 1` iterations after the collapse was complete)
+        stopped = runner.iter + 1
+        name = f'collapse_iter_{stopped}.pth'
         runner.save_checkpoint(runner.work_dir, name, save_optimizer=False,
                                save_param_scheduler=False, by_epoch=False)
         record = dict(
-            kind=self._kind, iteration=it, epoch=runner.epoch + 1, since_iteration=self._since,
-            consecutive_iterations=self._streak, out_dim=self.out_dim,
-            signals={k: _value(outputs[k]) for k in _SIGNALS if k in outputs},
+            kind=self._kind, iteration=it, epoch=epoch + 1, since_iteration=self._since,
+            consecutive_iterations=self._streak, stopped_at_iteration=stopped,
+            out_dim=self.out_dim,
+            signals={k: float(signals[k]) for k in _SIGNALS if k in signals},
             what_to_change=ONEHOT_HINT if self._kind == 'one-dimension' else UNIFORM_HINT,
             message=str(err), checkpoint=osp.join(runner.work_dir, name))
         path = osp.join(runner.log_dir, RECORD)

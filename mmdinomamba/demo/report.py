@@ -138,8 +138,8 @@ def build_summary(teacher: dict, randoms: Sequence[dict], scalars: Sequence[dict
     summary['prototypes_used'] = dict(final=None if used is None else round(used, 2), k=out_dim)
     if collapse:
         summary['collapse'] = {k: collapse[k] for k in (
-            'kind', 'iteration', 'epoch', 'since_iteration', 'signals', 'what_to_change',
-            'checkpoint') if k in collapse}
+            'kind', 'iteration', 'epoch', 'since_iteration', 'stopped_at_iteration', 'signals',
+            'what_to_change', 'checkpoint') if k in collapse}
     if adapt:
         summary['data_settings'] = adapt
     return summary
@@ -206,11 +206,13 @@ def _per_layer_lines(summary: dict) -> List[str]:
 def _collapse_lines(c: dict) -> List[str]:
     sig = ', '.join(f'{k} {v:.4g}' for k, v in c.get('signals', {}).items())
     return ['## Collapse: pretraining stopped', '',
-            f'The collapse monitor found a **{c["kind"]} collapse** of the teacher and stopped '
-            f'the pretraining at iteration {c["iteration"]} (epoch {c.get("epoch", "-")}; '
-            f'collapsed since iteration {c.get("since_iteration", "-")}). The teacher of that '
-            'iteration is evaluated below all the same; the demo exits with status 3.', '',
-            f'- signals at the stop: {sig}', f'- what to change: {c["what_to_change"]}', '']
+            f'The collapse monitor found a **{c["kind"]} collapse** of the teacher at '
+            f'iteration {c["iteration"]} (epoch {c.get("epoch", "-")}; collapsed since '
+            f'iteration {c.get("since_iteration", "-")}) and stopped the pretraining at '
+            f'iteration {c.get("stopped_at_iteration", c["iteration"])}, its next read of the '
+            'signals. The teacher of that iteration is evaluated below all the same; the demo '
+            'exits with status 3.', '',
+            f'- signals at the collapse: {sig}', f'- what to change: {c["what_to_change"]}', '']
 
 
 def render_report(summary: dict, config: str, data_root: str, figures: Sequence[str],
