@@ -219,14 +219,20 @@ def test_bad_output_projection_is_named():
 
 
 def test_long_sequences_take_the_chunked_scan(monkeypatch):
+    """Above the quadratic form's length: the composition with the chunked scan, checkpointed
+    (it keeps the projection and little else for the backward pass); the same output and
+    gradients."""
     m = _mixer()
     x = torch.randn(1, 50, 32, dtype=torch.float64)
-    want = m(x)
+    want = _run(m, x, True)
+    short = _saved_bytes(m, x.clone().requires_grad_())
     monkeypatch.setattr(mixer, 'quadratic_max_len', lambda *sizes: 49)
     with torch.profiler.profile() as prof:
-        got = m(x)
+        got = _run(m, x, True)
     assert not any(e.name.startswith('mmdinomamba::') for e in prof.events())
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert _saved_bytes(m, x.clone().requires_grad_()) <= short
 
 
 def test_wrong_projection_width_is_named():
