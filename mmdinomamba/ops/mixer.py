@@ -13,7 +13,6 @@ at the data, so no host sync and no graph break), one path:
   (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref`).
 """
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 

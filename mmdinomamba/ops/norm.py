@@ -1,6 +1,6 @@
-"""RMSNorms: the blocks' plain RMSNorm (native CPU kernels), Mamba-2's gated RMSNorm (``mamba_ssm``'s
-Triton kernel on CUDA) and the output side of a bidirectional mixer (our Triton kernel on CUDA);
-their references are in :mod:`.reference.norm`."""
+"""RMSNorms: the blocks' plain RMSNorm (native CPU kernels), Mamba-2's gated RMSNorm
+(``mamba_ssm``'s Triton kernel on CUDA) and the output side of a bidirectional mixer (our
+Triton kernel on CUDA); their references are in :mod:`.reference.norm`."""
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -688,7 +688,8 @@ def test_fast_path_uses_them_and_equals_the_reference(monkeypatch, length):
     # call each way; then dB and dC natively at several token blocks (130 tokens)
     blocks = length >= 128
     assert calls == ['conv_silu_forward', 'masked_outer', 'products_forward', 'merge_forward',
-                     'merge_backward_scan', 'products_backward', *['column_products'] * (2 * blocks),
+                     'merge_backward_scan', 'products_backward',
+                     *['column_products'] * (2 * blocks),
                      'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 

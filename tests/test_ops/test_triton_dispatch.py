@@ -1,4 +1,5 @@
-"""Optional-kernel loading (``ops/cuda/_triton.py``) and the Triton path on a GPU (``gpu`` marker)."""
+"""Optional-kernel loading (``ops/cuda/_triton.py``) and the Triton path on a GPU (``gpu``
+marker)."""
 import importlib
 import sys
 import textwrap

@@ -8,8 +8,8 @@ gated RMSNorm and their average.
 Everything runs channel-major in the original token order (the backward direction is
 anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
 pass is written by hand: it keeps the projection, the scan's product and small state, and
-(with the native kernels) the conv's output, and recomputes the rest (the scan's per-head matrices are cheaper to rebuild than to
-keep; the quadratic form's output is rebuilt tile by tile inside the merge's native backward
+(with the native kernels) the conv's output, and recomputes the rest (the scan's per-head
+matrices are cheaper to rebuild than to keep; the quadratic form's output is rebuilt tile by tile inside the merge's native backward
 kernel; the recurrence keeps its output alone and recomputes its states; with ``out_proj``
 inside, the merged output is rebuilt by the merge's backward pass).
 
