@@ -61,7 +61,7 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(exclude=('tests', 'tests.*', 'configs', 'tools')),
     # the native CPU kernels' source, compiled on the user's machine at first use
-    package_data={'mmdinomamba.ops': ['csrc/*.cpp']},
+    package_data={'mmdinomamba.ops.cpu': ['csrc/*.cpp', 'csrc/*.h']},
     python_requires='>=3.9',
     install_requires=read_requirements('runtime.txt'),
     extras_require={

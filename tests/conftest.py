@@ -78,7 +78,7 @@ def kernels_as_on_cuda(monkeypatch):
     """``route(**kernels)``: CPU tensors take the dispatchers' kernel branch (as CUDA tensors
     do), with exactly the given kernel-cache entries (e.g. ``bidir_merge=fn``) and every other
     optional kernel absent; restored after the test."""
-    from mmdinomamba.ops import _triton
+    from mmdinomamba.ops.cuda import _triton
 
     def route(**kernels):
         monkeypatch.setattr(_triton, 'on_kernel_device', lambda x: True)

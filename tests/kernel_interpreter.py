@@ -36,8 +36,8 @@ def route_lazily(mamba: bool = True) -> None:
     before the first call that needs it (the checks then run on CPU tensors). ``mamba``: also
     ``mamba_ssm``'s scan and norm and our conv + scan built on them (else the portable scan and
     norm)."""
-    from mmdinomamba.ops import (_triton, bidir_conv_scan_triton, bidir_conv_triton,
-                                 bidir_merge_triton)
+    from mmdinomamba.ops.cuda import (_triton, bidir_conv_scan_triton, bidir_conv_triton,
+                                      bidir_merge_triton)
     _patch_cuda_host_calls()
     for mod in (bidir_conv_triton, bidir_merge_triton, bidir_conv_scan_triton):
         if not isinstance(mod.self_check, functools.partial):
@@ -52,7 +52,7 @@ def route_lazily(mamba: bool = True) -> None:
 def route(mamba: bool = True) -> list:
     """Route CPU tensors to the kernels; returns the names of the kernels in use. ``mamba``:
     also ``mamba_ssm``'s scan and norm if installed (else the portable scan and norm)."""
-    from mmdinomamba.ops import _triton, bidir_conv_triton, bidir_merge_triton
+    from mmdinomamba.ops.cuda import _triton, bidir_conv_triton, bidir_merge_triton
     _patch_cuda_host_calls()
     bidir_conv_triton.self_check(device='cpu')
     bidir_merge_triton.self_check(device='cpu')
@@ -65,7 +65,7 @@ def route(mamba: bool = True) -> list:
     if mamba and has_mamba_ssm():
         del _triton._cache['scan'], _triton._cache['norm']
         assert _triton.chunk_scan_fn() is not None and _triton.rmsnorm_fn() is not None
-        from mmdinomamba.ops import bidir_conv_scan_triton
+        from mmdinomamba.ops.cuda import bidir_conv_scan_triton
         bidir_conv_scan_triton.self_check(device='cpu')  # against the routed composition
         _triton._cache['conv_scan'] = bidir_conv_scan_triton.bidir_conv_scan
     return sorted(k for k, v in _triton._cache.items() if v is not None)
@@ -74,7 +74,7 @@ def route(mamba: bool = True) -> list:
 def count_calls(*keys) -> list:
     """Wrap the routed kernels ``keys`` (``_triton`` cache keys, after :func:`route`) so that
     each call appends its key to the returned list."""
-    from mmdinomamba.ops import _triton
+    from mmdinomamba.ops.cuda import _triton
     calls = []
 
     def counted(key, fn):

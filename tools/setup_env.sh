@@ -99,7 +99,7 @@ MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
 log "installing mmdinomamba in editable mode"
 pip_run install -q --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c 'import mmdinomamba, mmpretrain.models, mmseg.models, mmdet.models; print("mmdinomamba", mmdinomamba.__version__, "ready")'
-# the native CPU kernels (mmdinomamba/ops/csrc) are built on first use; build them now so that
+# the native CPU kernels (mmdinomamba/ops/cpu/csrc) are built on first use; build them now so that
 # the first run does not wait for the compiler (a failed build is not fatal: PyTorch ops run)
 log "building the native CPU kernels (30-45 s)"
 "$VENV/bin/python" -c 'from mmdinomamba.ops import native_cpu as n; import sys; sys.exit(0 if n.available() else 1)' \

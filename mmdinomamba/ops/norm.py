@@ -1,48 +1,28 @@
-"""Gated RMSNorm as used by Mamba-2 (``mamba_ssm``'s ``RMSNormGated``), in plain PyTorch, and
-the blocks' plain RMSNorm with a native CPU forward and backward."""
+"""RMSNorms: the blocks' plain RMSNorm (native CPU kernels), Mamba-2's gated RMSNorm
+(``mamba_ssm``'s Triton kernel on CUDA) and the output side of a bidirectional mixer (our
+Triton kernel on CUDA); their references are in :mod:`.reference.norm`."""
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _triton, native_cpu
-from ._triton import rmsnorm_fn
+from .cpu import native_cpu
+from .cpu.rms_norm import rms_norm_native
+from .cuda import _triton
+from .reference.norm import bidir_gated_merge_ref, check_merge, gated_rms_norm_ref
 
-__all__ = ['gated_rms_norm', 'rms_norm', 'RMSNorm']
+__all__ = ['gated_rms_norm', 'rms_norm', 'RMSNorm', 'bidir_gated_merge']
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float | None = None) -> Tensor:
-    """``F.rms_norm`` over the last dimension, in the native CPU kernels
-    (:func:`.native_cpu.rms_norm_forward`) where they apply: a float32 / float64 CPU input
-    with a weight of its dtype (or none), outside autocast (:func:`.native_cpu.use_for`).
-    The same result to rounding (tested); PyTorch's CPU backward of ``F.rms_norm`` is a
-    composition of about ten operations, this one pass per row."""
-    shape = (x.shape[-1], )
+    """``F.rms_norm`` over the last dimension, in the native CPU kernels where they apply: a
+    float32 / float64 CPU input with a weight of its dtype (or none), outside autocast and
+    outside ``torch.compile`` tracing (the same result to rounding, tested)."""
     if (x.dtype in (torch.float32, torch.float64) and native_cpu.use_for(x)
             and x.numel() > 0 and (weight is None or weight.dtype == x.dtype)
             and not torch.is_autocast_enabled(x.device.type)):
         eps = torch.finfo(x.dtype).eps if eps is None else eps
-        return _RMSNorm.apply(x, weight, eps)
-    return F.rms_norm(x, shape, weight, eps)
-
-
-class _RMSNorm(torch.autograd.Function):
-    """:func:`rms_norm` in the native kernels; keeps ``x`` and the per-row ``rstd``. Not twice
-    differentiable."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        x = x.contiguous()
-        weight = None if weight is None else weight.contiguous()
-        y, rstd = native_cpu.rms_norm_forward(x, weight, eps)
-        ctx.save_for_backward(x, rstd, weight)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        x, rstd, weight = ctx.saved_tensors
-        dx, dweight = native_cpu.rms_norm_backward(grad.contiguous(), x, rstd, weight)
-        return dx, dweight, None
+        return rms_norm_native(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1], ), weight, eps)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -69,13 +49,9 @@ def gated_rms_norm(x: Tensor,
                    eps: float = 1e-5,
                    group_size: int | None = None,
                    norm_before_gate: bool = False) -> Tensor:
-    """RMSNorm over groups of channels, gated by ``silu(z)``.
-
-    ``norm_before_gate=False`` (Mamba-2's default): ``rmsnorm(x * silu(z)) * weight``;
-    ``True``: ``rmsnorm(x) * weight * silu(z)``; ``z=None``: plain ``rmsnorm(x) * weight``.
-    The root mean square is taken over each group of ``group_size`` consecutive channels
-    (None = all channels). Half-precision inputs are computed in float32. On CUDA, uses
-    ``mamba_ssm``'s Triton kernel when available.
+    """RMSNorm over groups of channels, gated by ``silu(z)``
+    (:func:`~mmdinomamba.ops.reference.gated_rms_norm_ref` says exactly what); on CUDA
+    ``mamba_ssm``'s Triton kernel where available.
 
     Args:
         x (Tensor): (..., d) input.
@@ -90,73 +66,39 @@ def gated_rms_norm(x: Tensor,
         Tensor: (..., d) in the dtype of ``x``.
     """
     d = x.shape[-1]
-    group_size = d if group_size is None else group_size
-    if d % group_size != 0 or weight.shape != (d, ):
-        raise ValueError(f'gated_rms_norm: channels {d} must be divisible by group_size '
-                         f'{group_size} and weight must be ({d},), got {tuple(weight.shape)}')
+    if d % (group_size or d) != 0 or weight.shape != (d, ):
+        return gated_rms_norm_ref(x, z, weight, eps, group_size, norm_before_gate)  # raises
     if _triton.on_kernel_device(x) and (out := _triton.run_kernel(
-            'norm', rmsnorm_fn, 'rmsnorm_fn', x, weight, None, z=z, eps=eps,
-            group_size=group_size, norm_before_gate=norm_before_gate)) is not None:
+            'norm', _triton.rmsnorm_fn, 'rmsnorm_fn', x, weight, None, z=z, eps=eps,
+            group_size=group_size or d, norm_before_gate=norm_before_gate)) is not None:
         return out
-    return _GatedRMSNorm.apply(x, z, weight, eps, group_size, norm_before_gate)
+    return gated_rms_norm_ref(x, z, weight, eps, group_size, norm_before_gate)
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+def bidir_gated_merge(y: Tensor, z: Tensor, weight: Tensor | None, eps: float = 1e-5,
+                      group_size: int | None = None) -> Tensor:
+    """Merge both scan directions of a bidirectional Mamba-2 mixer: un-flip the backward
+    direction, gate and normalize each direction, average
+    (:func:`~mmdinomamba.ops.reference.bidir_gated_merge_ref` says exactly what).
 
+    On CUDA this is one Triton kernel (forward and backward) that reads the backward direction
+    at the flipped time index and writes the gradient straight into the scan's layout.
 
-def _normalize(x: Tensor, z: Tensor | None, eps: float, group_size: int,
-               norm_before_gate: bool) -> tuple:
-    """-> (normalized ``n`` (..., groups, group_size), ``rstd`` (..., groups, 1), gate or None),
-    all in the compute dtype; ``n * weight`` (times the gate if ``norm_before_gate``) is the
-    output."""
-    dtype = _compute_dtype(x)
-    xf = x.to(dtype)
-    gate = None if z is None else F.silu(z.to(dtype))
-    if gate is not None and not norm_before_gate:
-        xf = xf * gate
-    xg = xf.unflatten(-1, (-1, group_size))
-    rstd = torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return xg * rstd, rstd, gate
+    Args:
+        y (Tensor): (B, L, 2d) both directions' scan outputs (backward half flipped).
+        z (Tensor): (B, L, d) gate, last dimension contiguous.
+        weight (Tensor | None): (2, d) RMSNorm scales of both directions, or None (plain
+            ``silu(z)`` gate).
+        eps (float): added to the mean square. Defaults to 1e-5.
+        group_size (int, optional): channels per normalization group. Defaults to None (one
+            group).
 
-
-class _GatedRMSNorm(torch.autograd.Function):
-    """Gated RMSNorm with a hand-written backward that keeps only ``x``, ``z`` and ``weight``
-    and recomputes the normalization (autograd of the plain expression keeps about six
-    (..., d) intermediates: ~48 MB per call for one DinoVim layer at 1024 px). Not twice
-    differentiable."""
-
-    @staticmethod
-    def forward(ctx, x, z, weight, eps, group_size, norm_before_gate):
-        n, _, gate = _normalize(x, z, eps, group_size, norm_before_gate)
-        out = n.flatten(-2) * weight.to(n.dtype)
-        if gate is not None and norm_before_gate:
-            out = out * gate
-        ctx.save_for_backward(x, z, weight)
-        ctx.eps, ctx.group_size, ctx.norm_before_gate = eps, group_size, norm_before_gate
-        return out.to(x.dtype)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        x, z, weight = ctx.saved_tensors
-        nbg = ctx.norm_before_gate
-        ng, rstd, gate = _normalize(x, z, ctx.eps, ctx.group_size, nbg)
-        n = ng.flatten(-2)
-        go, w = grad_out.to(n.dtype), weight.to(n.dtype)
-        # out = n * w (* gate if nbg); n = h * rstd per group, h = x (* gate if not nbg)
-        gated_out = gate is not None and nbg
-        dw = (go * n * gate if gated_out else go * n).reshape(-1, n.shape[-1]).sum(0)
-        dn = (go * w * gate if gated_out else go * w).unflatten(-1, (-1, ctx.group_size))
-        dh = (rstd * (dn - ng * (dn * ng).mean(dim=-1, keepdim=True))).flatten(-2)
-        dx, dz = dh, None
-        if gate is not None:
-            zf = z.to(n.dtype)
-            sig = torch.sigmoid(zf)
-            dsilu = sig * (1 + zf * (1 - sig))  # d silu(z) / dz
-            if nbg:
-                dz = go * n * w * dsilu
-            else:
-                dx, dz = dh * gate, dh * x.to(n.dtype) * dsilu
-        return (dx.to(x.dtype), None if dz is None else dz.to(z.dtype), dw.to(weight.dtype),
-                None, None, None)
+    Returns:
+        Tensor: (B, L, d) in the dtype of ``y``.
+    """
+    group_size = check_merge(y, z, weight, group_size)
+    if _triton.on_kernel_device(y) and (out := _triton.run_kernel(
+            'bidir_merge', _triton.bidir_merge_fn, 'fused bidirectional merge', y, z, weight,
+            eps, group_size)) is not None:
+        return out
+    return bidir_gated_merge_ref(y, z, weight, eps, group_size)

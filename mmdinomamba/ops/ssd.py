@@ -1,65 +1,42 @@
-"""Public SSD scan entry point: one signature, three implementations.
+"""Public SSD scan entry point: one signature, one reference, a kernel per device.
 
-* ``'ref'``: the naive sequential recurrence (:func:`ssd_scan_ref`, tests only);
-* ``'torch'``: the portable PyTorch scan, the CPU default: the quadratic form
-  (:func:`ssd_scan_quadratic`) where :func:`use_quadratic_form` says it pays (up to
-  :func:`~mmdinomamba.ops.quadratic_max_len` tokens, few strongly decaying heads), else the
-  chunked scan (:func:`ssd_scan_chunked`, chunks of :data:`PORTABLE_CHUNK_SIZE`);
-* ``'triton'``: ``mamba_ssm``'s ``mamba_chunk_scan_combined`` for CUDA tensors.
+* ``'ref'``: the sequential recurrence (:func:`~mmdinomamba.ops.reference.ssd_scan_ref`, the
+  specification; tests only);
+* CUDA (``'auto'`` or ``'triton'``): ``mamba_ssm``'s ``mamba_chunk_scan_combined``;
+* CPU (``'auto'`` or ``'torch'``), float32 / float64, with the native kernels: the quadratic form
+  (:func:`~mmdinomamba.ops.cpu.ssd_quadratic.ssd_scan_quadratic`) up to
+  :func:`quadratic_max_len` tokens, the native chunked scan beyond;
+* everything else, and everything inside :func:`~mmdinomamba.ops.reference_ops`: the chunked
+  scan in PyTorch (:func:`~mmdinomamba.ops.reference.ssd_scan_chunked`).
 
-``'auto'`` picks Triton for CUDA tensors when ``mamba_ssm`` can be imported, else the portable
-scan. A requested but unusable Triton backend degrades to the portable scan with a logged
-note, never an error (see ``_triton.py``).
+The form is chosen by the length alone (no look at the step sizes, so no host sync).
 """
 import torch
 from torch import Tensor
 
-from . import _triton
-from ._triton import chunk_scan_fn, log_once
-from .ssd_chunked import PORTABLE_CHUNK_SIZE, ssd_scan_chunked
-from .ssd_quadratic import FACTORED_RANGE, ssd_scan_quadratic
-from .ssd_ref import check_ssd_shapes, ssd_scan_ref
-from .variants import quadratic_max_len
+from .cpu import native_cpu
+from .cpu.ssd_chunked import ssd_scan_chunked_native
+from .cpu.ssd_quadratic import ssd_scan_quadratic
+from .cuda import _triton
+from .reference.ssd_chunked import PORTABLE_CHUNK_SIZE, ssd_scan_chunked
+from .reference.ssd_ref import check_ssd_shapes, ssd_scan_ref
 
-__all__ = ['ssd_scan', 'use_quadratic_form', 'quadratic_form_by_length', 'PORTABLE_CHUNK_SIZE',
-           'SSD_BACKENDS', 'WIDE_TOKENS']
+__all__ = ['ssd_scan', 'SSD_BACKENDS', 'QUADRATIC_MAX_LEN', 'quadratic_max_len']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
 
-#: The quadratic form computes the (sample, head) pairs whose decay over the sequence exceeds
-#: ``FACTORED_RANGE`` one by one, at several times the cost of the others, and its cost per pair
-#: grows with the length; it is used while (share of such pairs) x (tokens) stays at most this.
-#: Measured on a BiSSD layer, forward + backward, 2 threads (docs/results.md): the chunked scan
-#: is as fast at a share of about 0.25 at 197 tokens (DinoVim-T), 0.1 at 401 and 0.6-0.7 at 65
-#: (demo size), and 10-30% faster at twice that share. It runs as separate ops that keep more
-#: activations (about 60 MB more for one DinoVim-T layer at batch 8), so the switch comes at
-#: about twice the crossover: 96 (a share of 0.49 at 197 tokens, 0.24 at 401).
-WIDE_TOKENS = 96
+#: Longest sequence the CPU kernels compute in the quadratic form for heads of 64 channels and
+#: 64 states (half as long for smaller ones); longer ones use the chunked scan, whose work grows
+#: linearly with the length (measured crossovers, fwd+bwd of a BiSSD layer, 2 threads: the
+#: quadratic form is 1.5x faster at 512 tokens and as fast at 785 for DinoVim-T's mixer, 1.2x
+#: faster at 256 for heads of 16 channels and 16 states).
+QUADRATIC_MAX_LEN = 512
 
 
-def quadratic_form_by_length(length: int, headdim: int, d_state: int) -> bool | None:
-    """:func:`use_quadratic_form`'s answer where the length alone decides it (None where the
-    step sizes must be looked at): False above :func:`~mmdinomamba.ops.quadratic_max_len`,
-    True at most ``WIDE_TOKENS`` tokens (a share of at most 1 cannot exceed the bound)."""
-    if length > quadratic_max_len(headdim, d_state):
-        return False
-    if length <= WIDE_TOKENS:
-        return True
-    return None
-
-
-def use_quadratic_form(dt: Tensor, A: Tensor, headdim: int, d_state: int) -> bool:
-    """Whether the portable scan of step sizes ``dt`` (batch, length, heads) (softplus
-    applied) and decay rates ``A`` (heads,) takes the quadratic form: at most
-    :func:`~mmdinomamba.ops.quadratic_max_len` tokens, and a share of strongly decaying
-    (sample, head) pairs of at most ``WIDE_TOKENS / length``. Both forms are exact; this only
-    picks the faster one."""
-    length = dt.shape[1]
-    if (by_length := quadratic_form_by_length(length, headdim, d_state)) is not None:
-        return by_length
-    with torch.no_grad():
-        wide = (dt * A).sum(1).abs() > FACTORED_RANGE
-        return wide.float().mean().item() * length <= WIDE_TOKENS
+def quadratic_max_len(headdim: int, d_state: int) -> int:
+    """The longest sequence the CPU kernels scan in the quadratic form for heads of ``headdim``
+    channels and ``d_state`` states."""
+    return QUADRATIC_MAX_LEN if min(headdim, d_state) >= 64 else QUADRATIC_MAX_LEN // 2
 
 
 def ssd_scan(x: Tensor,
@@ -80,9 +57,10 @@ def ssd_scan(x: Tensor,
             ``i // (heads // groups)``.
         C (Tensor): (batch, length, groups, state).
         D (Tensor, optional): (heads,) skip weights. Defaults to None.
-        chunk_size (int): chunk length of the Triton kernel (the portable scans choose their
-            own blocks; the result does not depend on them beyond rounding). Defaults to 256.
-        backend (str): ``'auto'``, ``'torch'``, ``'triton'`` or ``'ref'``. Defaults to 'auto'.
+        chunk_size (int): chunk length of the Triton kernel (the CPU scans choose their own
+            blocks; the result does not depend on them beyond rounding). Defaults to 256.
+        backend (str): ``'auto'``, ``'torch'`` (no ``mamba_ssm``), ``'triton'`` or ``'ref'``.
+            Defaults to 'auto'.
 
     Returns:
         Tensor: (batch, length, heads, headdim) in the dtype of ``x``.
@@ -92,21 +70,13 @@ def ssd_scan(x: Tensor,
     check_ssd_shapes(x, dt, A, B, C, D)
     if backend == 'ref':
         return ssd_scan_ref(x, dt, A, B, C, D)
-    if backend != 'torch' and _kernel_applies(x, backend) and (y := _triton.run_kernel(
-            'scan', chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C, chunk_size,
-            D=D)) is not None:
+    if backend != 'torch' and _triton.on_kernel_device(x) and (y := _triton.run_kernel(
+            'scan', _triton.chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C,
+            chunk_size, D=D)) is not None:
         return y
-    if use_quadratic_form(dt, A, x.shape[-1], B.shape[-1]):
-        return ssd_scan_quadratic(x, dt, A, B, C, D)
+    if backend != 'triton' and x.dtype in (torch.float32, torch.float64) and native_cpu.use_for(x):
+        args = [None if t is None else t.to(x.dtype) for t in (x, dt, A, B, C, D)]
+        if x.shape[1] <= quadratic_max_len(x.shape[-1], B.shape[-1]):
+            return ssd_scan_quadratic(*args)
+        return ssd_scan_chunked_native(*args, chunk_size=PORTABLE_CHUNK_SIZE)
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=PORTABLE_CHUNK_SIZE)
-
-
-def _kernel_applies(x: Tensor, backend: str) -> bool:
-    """Whether the Triton kernel applies to ``x`` (with a note if it was asked for and does
-    not)."""
-    if _triton.on_kernel_device(x):
-        return True
-    if backend == 'triton':
-        log_once('triton-cpu', "backend='triton' needs CUDA tensors; using the portable PyTorch "
-                 'scan')
-    return False

@@ -4,7 +4,7 @@ import torch
 
 from mmdinomamba.analysis.rank import (block_masks, block_ranks, causal_mask, effective_rank,
                                        numerical_rank, rank_bound, split_blocks, ssd_decay_mask)
-from mmdinomamba.ops.ssd_ref import ssd_mixing_matrix
+from mmdinomamba.ops.reference.ssd_ref import ssd_mixing_matrix
 
 L, C = 64, 16
 

@@ -5,8 +5,8 @@ import textwrap
 import pytest
 import torch
 
-from mmdinomamba.ops import bidir_causal_conv1d, causal_conv1d, portable_ops
-from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable
+from mmdinomamba.ops import bidir_causal_conv1d, causal_conv1d, reference_ops
+from mmdinomamba.ops.reference.conv import bidir_causal_conv1d_ref as bidir_causal_conv1d_portable
 
 
 def _direct(x, weight, bias, splits, activation):
@@ -59,8 +59,8 @@ def test_clear_errors():
 
 _INTERPRETED = textwrap.dedent('''
     import torch
-    from mmdinomamba.ops import bidir_conv_triton as T
-    from mmdinomamba.ops.bidir_conv import bidir_causal_conv1d_portable as spec
+    from mmdinomamba.ops.cuda import bidir_conv_triton as T
+    from mmdinomamba.ops.reference.conv import bidir_causal_conv1d_ref as spec
     T.self_check(device='cpu')
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         T.self_check(device='cpu')  # as on a first call from a no-grad, autocast forward
@@ -93,7 +93,7 @@ def test_triton_kernel_matches_spec_in_interpreter(run_interpreted):
 
 
 def test_cpu_tensors_never_reach_the_kernel(monkeypatch):
-    from mmdinomamba.ops import _triton
+    from mmdinomamba.ops.cuda import _triton
 
     def boom():
         raise AssertionError('kernel looked up for CPU tensors')
@@ -113,7 +113,7 @@ def test_cuda_fused_matches_portable():
     for portable in (False, True):
         leaves = [t.clone().requires_grad_() for t in (x, w, b)]
         if portable:
-            with portable_ops():
+            with reference_ops():
                 y = bidir_causal_conv1d(*leaves, (1024, 64, 64))
         else:
             y = bidir_causal_conv1d(*leaves, (1024, 64, 64))
@@ -122,10 +122,10 @@ def test_cuda_fused_matches_portable():
         assert ((a - r).norm() / r.norm()).item() < 1e-4
 
 
-def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cuda):
-    """Dispatch as on CUDA (a fake CUDA check) with a kernel that raises: the portable result
-    comes back and the kernel is not used again."""
-    from mmdinomamba.ops import _triton
+def test_a_kernel_that_fails_at_run_time_raises(kernels_as_on_cuda):
+    """Dispatch as on CUDA (a fake CUDA check) with a kernel that raises: the error reaches the
+    caller (no silent fallback) and the kernel stays in use."""
+    from mmdinomamba.ops.cuda import _triton
     calls = []
 
     def broken(*args):
@@ -134,7 +134,7 @@ def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cu
 
     kernels_as_on_cuda(bidir_conv=broken)
     x, w = torch.randn(1, 5, 6), torch.randn(2, 6, 4)
-    want = bidir_causal_conv1d_portable(x, w, None, (6, ))
     for _ in range(2):
-        torch.testing.assert_close(bidir_causal_conv1d(x, w, None, (6, )), want)
-    assert calls == [1] and _triton._cache['bidir_conv'] is None
+        with pytest.raises(RuntimeError, match='no such GPU'):
+            bidir_causal_conv1d(x, w, None, (6, ))
+    assert calls == [1, 1] and _triton._cache['bidir_conv'] is broken

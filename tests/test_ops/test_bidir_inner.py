@@ -1,6 +1,8 @@
 """The CPU fast path of BiSSD (conv + quadratic scan + merge as one autograd function) == the
 specification (flip / cat / conv, one SSD scan, two gated RMSNorms), outputs and gradients."""
+import contextlib
 import copy
+import functools
 import math
 
 import pytest
@@ -8,9 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import bidir_causal_conv1d, bidir_inner, bidir_ssd_inner, fast_path_variant
-from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
-                                        pad_channel_major)
+from mmdinomamba.ops import bidir_causal_conv1d, mixer, reference_ops
+from mmdinomamba.ops.cpu import bidir_inner
+from mmdinomamba.ops.cpu.custom_ops import bidir_ssd_op as bidir_ssd_inner
+from mmdinomamba.ops.cpu.shift_conv import (bidir_conv_backward, bidir_conv_forward,
+                                            pad_channel_major)
 
 
 def _mixer(dtype=torch.float64, dt_scale=1.0, **kw):
@@ -23,12 +27,13 @@ def _mixer(dtype=torch.float64, dt_scale=1.0, **kw):
 
 
 def _run(m, x, fast_path):
-    m.fast_path = fast_path
+    """Output and gradients of ``m`` on ``x``: the kernels (``fast_path``) or the reference."""
     m.zero_grad()
     x = x.detach().requires_grad_()
-    y = m(x)
-    gen = torch.Generator().manual_seed(1)
-    y.backward(torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.dtype))
+    with contextlib.nullcontext() if fast_path else reference_ops():
+        y = m(x)
+        gen = torch.Generator().manual_seed(1)
+        y.backward(torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.dtype))
     return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
 
 
@@ -37,7 +42,7 @@ def _run(m, x, fast_path):
     (8, 197, 1 << 21, [8]), (3, 5000, 1000, [1, 1, 1])])
 def test_batch_slices_are_near_equal_and_within_the_bound(batch, length, limit, sizes,
                                                           monkeypatch):
-    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', limit)
+    monkeypatch.setattr(bidir_inner, 'SLICE_FLOATS', limit)
     dims = bidir_inner.InnerDims(d_inner=64, ngroups=1, d_state=8, headdim=8, kernel=4)
     if batch == 64:  # the demo's mixer (conv_dim 160), DinoVim-T's (640) below
         dims = bidir_inner.InnerDims(d_inner=128, ngroups=1, d_state=16, headdim=16, kernel=4)
@@ -56,7 +61,7 @@ SMALL_HEADS = dict(d_state=16, headdim=16)  # the demo's: scanned by the recurre
     conv_bias=False), dict(dt_scale=50.0, ngroups=2), SMALL_HEADS,
     dict(SMALL_HEADS, rmsnorm=False), dict(SMALL_HEADS, dt_scale=50.0, ngroups=2)])
 def test_fast_path_equals_specification_float64(kw, monkeypatch):
-    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
+    monkeypatch.setattr(bidir_inner, 'SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
     m = _mixer(**kw)
     x = torch.randn(5, 41, 32, dtype=torch.float64)
     fast, spec = _run(m, x, True), _run(m, x, False)
@@ -67,25 +72,33 @@ def test_fast_path_equals_specification_float64(kw, monkeypatch):
 
 @pytest.mark.parametrize('heads', [dict(), SMALL_HEADS])
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])
-def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale, heads):
+def test_float32_fast_path_is_as_close_to_float64_as_the_specification(dt_scale, heads,
+                                                                       monkeypatch):
+    """The native kernels in float32 against float64, as close as the same algorithm in plain
+    PyTorch ops in float32 (the op without its native kernels), and as the reference."""
     m = _mixer(dt_scale=dt_scale, **heads)
     m32 = copy.deepcopy(m).float()
-    worst = {True: [], False: []}  # per input: the largest relative error of any result
+    modes = ('kernels', 'pytorch', 'reference')
+    worst = {k: [] for k in modes}  # per input: the largest relative error of any result
+    plain = functools.partial(mixer.bidir_ssd_op, native=False)
     for seed in range(6):
         x = torch.randn(3, 65, 32, dtype=torch.float64,
                         generator=torch.Generator().manual_seed(seed))
         want = _run(m, x, False)
-        for fast_path in (True, False):
-            got = _run(m32, x.float(), fast_path)
-            worst[fast_path].append(max(((a.double() - b).norm() / b.norm()).item()
-                                        for a, b in zip(got, want)))
+        for mode in modes:
+            with monkeypatch.context() as patched:
+                if mode == 'pytorch':
+                    patched.setattr(mixer, 'bidir_ssd_op', plain)
+                got = _run(m32, x.float(), mode != 'reference')
+            worst[mode].append(max(((a.double() - b).norm() / b.norm()).item()
+                                   for a, b in zip(got, want)))
     # float32 rounding of gradients summed over the sequence (A_log, dt_bias) reaches ~1e-5 on
-    # both paths, and one input's error varies up to 4x between paths that are equally exact
-    # (other rounding orders): the fast path may not be worse than the specification over
-    # several inputs
-    assert max(worst[True]) <= 3e-5, worst
+    # every path, and one input's error varies up to 4x between paths that are equally exact
+    # (other rounding orders): the kernels may not be worse than plain PyTorch over several
+    # inputs
+    assert max(worst['kernels']) <= 3e-5 and max(worst['reference']) <= 3e-5, worst
     gmean = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in worst.items()}
-    assert gmean[True] <= 2 * gmean[False], (gmean, worst)
+    assert gmean['kernels'] <= 2 * gmean['pytorch'], (gmean, worst)
 
 
 def test_bf16_autocast_and_dtypes():
@@ -134,25 +147,9 @@ def test_keeps_less_for_backward_than_the_specification():
     x = torch.randn(4, 65, 64, requires_grad=True)
     saved = {}
     for fast_path in (True, False):
-        m.fast_path = fast_path
-        saved[fast_path] = _saved_bytes(m, x)
+        with contextlib.nullcontext() if fast_path else reference_ops():
+            saved[fast_path] = _saved_bytes(m, x)
     assert saved[True] < 0.75 * saved[False], saved
-
-
-def test_kept_conv_output_gives_the_recomputed_results():
-    """The native path keeps both directions' conv output for the backward pass (default) or
-    recomputes it there (``recompute_conv_cpu``): the same bits, and the kept one costs exactly
-    its (b, 2, d + 2 g n, L) floats."""
-    m = _mixer(torch.float32, ngroups=2, dt_scale=50.0)  # strongly decaying heads too
-    x = torch.randn(3, 41, 32)
-    kept = _run(m, x, True)
-    with fast_path_variant(recompute_conv_cpu=True):
-        again = _run(m, x, True)
-        recomputing = _saved_bytes(m, x.requires_grad_())
-    for a, b in zip(kept, again):
-        assert torch.equal(a, b)
-    conv_dim = m.d_inner + 2 * m.ngroups * m.d_state
-    assert _saved_bytes(m, x) - recomputing == 3 * 2 * conv_dim * 41 * 4
 
 
 @pytest.mark.parametrize('native', [True, False])
@@ -161,7 +158,7 @@ def test_kept_conv_output_gives_the_recomputed_results():
 def test_output_projection_inside_equals_it_outside(kw, bias, native, monkeypatch):
     """``bidir_ssd_inner(..., out_weight, out_bias)`` == ``F.linear`` of its result: output and
     every gradient (the backward pass rebuilds the projection's input)."""
-    monkeypatch.setattr(bidir_inner, '_SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
+    monkeypatch.setattr(bidir_inner, 'SLICE_FLOATS', 11000)  # batch slices of 2, 1, 2
     m = _mixer(**kw)
     gen = torch.Generator().manual_seed(2)
     proj = torch.randn(5, 41, m.in_proj.out_features, dtype=torch.float64, generator=gen)
@@ -169,20 +166,17 @@ def test_output_projection_inside_equals_it_outside(kw, bias, native, monkeypatc
     leaves = [proj, weight, torch.randn(24, dtype=torch.float64, generator=gen) if bias else None]
     dres = torch.randn(5, 41, 24, dtype=torch.float64, generator=gen)
     results = []
-    with fast_path_variant(native_cpu=native):
-        for inside in (True, False):
-            inputs = [None if t is None else t.detach().requires_grad_() for t in leaves]
-            p, w, b = inputs
-            params = [*m._conv_params(), torch.stack([m.dt_bias, m.dt_b_bias]),
-                      -torch.exp(torch.stack([m.A_log, m.A_log_b])), torch.stack([m.D, m.D_b]),
-                      torch.stack([m.norm.weight, m.norm_b.weight]) if m.rmsnorm else None]
-            if inside:
-                out = bidir_ssd_inner(p, *params, m.dims, out_weight=w, out_bias=b)
-            else:
-                out = F.linear(bidir_ssd_inner(p, *params, m.dims), w, b)
-            grads = torch.autograd.grad(out, [t for t in inputs if t is not None] + [
-                t for t in m.parameters() if t.requires_grad], dres, allow_unused=True)
-            results.append([out, *grads])
+    for inside in (True, False):
+        inputs = [None if t is None else t.detach().requires_grad_() for t in leaves]
+        p, w, b = inputs
+        params = [*m._conv_params(), *m._direction_params()]
+        if inside:
+            out = bidir_ssd_inner(p, *params, m.dims, out_weight=w, out_bias=b, native=native)
+        else:
+            out = F.linear(bidir_ssd_inner(p, *params, m.dims, native=native), w, b)
+        grads = torch.autograd.grad(out, [t for t in inputs if t is not None] + [
+            t for t in m.parameters() if t.requires_grad], dres, allow_unused=True)
+        results.append([out, *grads])
     for i, (a, b) in enumerate(zip(*results)):
         if b is None:
             assert a is None
@@ -224,12 +218,21 @@ def test_bad_output_projection_is_named():
         bidir_ssd_inner(*args, out_bias=torch.randn(32))
 
 
-def test_long_sequences_take_the_chunked_scan():
+def test_long_sequences_take_the_chunked_scan(monkeypatch):
+    """Above the quadratic form's length: the composition with the chunked scan, checkpointed
+    (it keeps the projection and little else for the backward pass); the same output and
+    gradients."""
     m = _mixer()
     x = torch.randn(1, 50, 32, dtype=torch.float64)
-    want = m(x)
-    with fast_path_variant(quadratic_max_len=49):
-        torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-12)
+    want = _run(m, x, True)
+    short = _saved_bytes(m, x.clone().requires_grad_())
+    monkeypatch.setattr(mixer, 'quadratic_max_len', lambda *sizes: 49)
+    with torch.profiler.profile() as prof:
+        got = _run(m, x, True)
+    assert not any(e.name.startswith('mmdinomamba::') for e in prof.events())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert _saved_bytes(m, x.clone().requires_grad_()) <= short
 
 
 def test_wrong_projection_width_is_named():

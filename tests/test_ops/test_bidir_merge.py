@@ -6,8 +6,8 @@ import textwrap
 import pytest
 import torch
 
-from mmdinomamba.ops import bidir_gated_merge, portable_ops
-from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable
+from mmdinomamba.ops import bidir_gated_merge, reference_ops
+from mmdinomamba.ops.reference.norm import bidir_gated_merge_ref as bidir_gated_merge_portable
 
 
 def _explicit(y, z, weight, eps, group_size):
@@ -51,8 +51,8 @@ def test_clear_errors():
 
 _INTERPRETED = textwrap.dedent('''
     import torch
-    from mmdinomamba.ops import bidir_merge_triton as T
-    from mmdinomamba.ops.bidir_merge import bidir_gated_merge_portable as spec
+    from mmdinomamba.ops.cuda import bidir_merge_triton as T
+    from mmdinomamba.ops.reference.norm import bidir_gated_merge_ref as spec
     T.self_check(device='cpu')
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         T.self_check(device='cpu')  # as on a first call from a no-grad, autocast forward
@@ -86,7 +86,7 @@ def test_triton_kernel_matches_spec_in_interpreter(run_interpreted):
 
 
 def test_cpu_tensors_never_reach_the_kernel(monkeypatch):
-    from mmdinomamba.ops import _triton
+    from mmdinomamba.ops.cuda import _triton
 
     def boom():
         raise AssertionError('kernel looked up for CPU tensors')
@@ -96,8 +96,10 @@ def test_cpu_tensors_never_reach_the_kernel(monkeypatch):
     torch.testing.assert_close(bidir_gated_merge(y, z, w), bidir_gated_merge_portable(y, z, w))
 
 
-def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cuda):
-    from mmdinomamba.ops import _triton
+def test_a_kernel_that_fails_at_run_time_raises(kernels_as_on_cuda):
+    """Dispatch as on CUDA (a fake CUDA check) with a kernel that raises: the error reaches the
+    caller (no silent fallback) and the kernel stays in use."""
+    from mmdinomamba.ops.cuda import _triton
     calls = []
 
     def broken(*args):
@@ -106,10 +108,10 @@ def test_a_kernel_that_fails_at_run_time_falls_back_to_the_spec(kernels_as_on_cu
 
     kernels_as_on_cuda(bidir_merge=broken)
     y, z, w = torch.randn(1, 5, 12), torch.randn(1, 5, 6), torch.randn(2, 6)
-    want = bidir_gated_merge_portable(y, z, w)
     for _ in range(2):
-        torch.testing.assert_close(bidir_gated_merge(y, z, w), want)
-    assert calls == [1] and _triton._cache['bidir_merge'] is None
+        with pytest.raises(RuntimeError, match='no such GPU'):
+            bidir_gated_merge(y, z, w)
+    assert calls == [1, 1] and _triton._cache['bidir_merge'] is broken
 
 
 @pytest.mark.gpu
@@ -125,7 +127,7 @@ def test_cuda_fused_matches_portable(with_norm):
         leaves = [t.clone().requires_grad_() for t in (y, z, w) if t is not None]
         args = leaves if with_norm else leaves + [None]
         if portable:
-            with portable_ops():
+            with reference_ops():
                 out = bidir_gated_merge(*args)
         else:
             out = bidir_gated_merge(*args)

@@ -3,6 +3,7 @@ element-wise work, transposed copies) == the PyTorch compositions they replace (
 backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
 they cannot be built or are switched off."""
 import math
+import subprocess
 import warnings
 
 import pytest
@@ -10,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import (InnerDims, bidir_inner, fast_path_variant, native_cpu,
-                             ssd_quadratic_heads)
-from mmdinomamba.ops.shift_conv import (bidir_conv_backward, bidir_conv_forward,
-                                        pad_channel_major)
+from mmdinomamba.ops import InnerDims, reference_ops, switch
+from mmdinomamba.ops.cpu import bidir_inner, native_cpu, ssd_quadratic_heads
+from mmdinomamba.ops.cpu.shift_conv import (bidir_conv_backward, bidir_conv_forward,
+                                            pad_channel_major)
 
 
 def test_kernels_build_on_this_machine():
@@ -122,7 +123,7 @@ def test_bad_input_is_named():
 def test_scan_factors_equal_the_composition(dtype, tol):
     # dt of both directions from a token-major view into a wider tensor (the projection), and
     # the quadratic scan's factors of it: heads 0 decay too strongly to factor
-    from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, _factors
+    from mmdinomamba.ops.cpu.ssd_quadratic import FACTORED_RANGE, _factors
     gen = torch.Generator().manual_seed(3)
     raw = (torch.randn(3, 41, 10, generator=gen, dtype=dtype) * 4)[..., 3:8]
     raw[0, 5, 1] = 30.  # above softplus' threshold
@@ -422,16 +423,11 @@ def test_scan_pointwise_bad_input_is_named():
     assert not native_cpu.planes_fit(x, dy.bfloat16())
 
 
-@pytest.fixture(params=['blas', 'mm_out'])
-def gemm_path(request):
-    """Both ways the native products reach a GEMM: the BLAS directly, and at::mm_out (where no
-    BLAS symbol is found)."""
-    module = native_cpu.load()
-    if request.param == 'blas' and not module.blas_found():
-        pytest.skip("torch's BLAS symbols are not exported on this build")
-    before = module.set_direct_blas(request.param == 'blas')
-    yield request.param
-    module.set_direct_blas(before)
+@pytest.fixture
+def gemm_path():
+    """The GEMMs of the native products (torch's BLAS where its symbols are found, else
+    at::mm_out)."""
+    return 'gemm'
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
@@ -440,8 +436,8 @@ def test_products_equal_the_composition(gemm_path, dtype, tol, dirs, groups, len
     # the (L, L) products of the quadratic scan against the PyTorch ops, in one block (65, 7
     # tokens) and in two or three blocks (130, 197); the operands views with strides outside
     # their planes (as the scan's grouped heads are)
-    from mmdinomamba.ops import ssd_triangles as tri
-    from mmdinomamba.ops.ssd_quadratic import _group_products
+    from mmdinomamba.ops.cpu import ssd_triangles as tri
+    from mmdinomamba.ops.cpu.ssd_quadratic import _group_products
     gen = torch.Generator().manual_seed(length)
     wide = torch.randn(3, dirs, groups, 20, length, generator=gen, dtype=dtype)
     x, y = wide[..., :12, :], wide[..., 8:, :]
@@ -500,7 +496,7 @@ def _scan_inputs(b, length, h, g, dtype, seed=0):
 
 def _scan_pytorch(args, Q):
     """Output and gradients of the PyTorch ops' chunked scan (tiles of two chunks)."""
-    from mmdinomamba.ops.ssd_chunked import _ChunkedSSD
+    from mmdinomamba.ops.reference.ssd_chunked import _ChunkedSSD
     *ins, dy = [t.clone().requires_grad_() for t in args]
     y = _ChunkedSSD.apply(*ins, Q, 2 * Q)
     return [y.detach(), *torch.autograd.grad(y, ins, dy)]
@@ -523,28 +519,6 @@ def test_chunk_scan_equals_the_composition(gemm_path, dtype, tol, b, length, h, 
     for name, a, r in zip(['y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
         assert a.dtype == dtype and a.shape == r.shape, name
         torch.testing.assert_close(a, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
-
-
-def test_chunk_scan_keeps_its_states_in_pieces():
-    # pieces of 3 chunks (the last one ragged) give the same bits as one piece; the backward
-    # pass reads the pieces as its forward pass kept them, whatever the setting is by then
-    module = native_cpu.load()
-    args = _scan_inputs(2, 75, 4, 2, torch.float32)
-    *ins, dy = args
-    whole = _scan_native(args, 8)
-    per_chunk = 2 * 2 * 6 * 2 * 8 * 4  # bytes of one chunk's states: b * g * n * r * p * 4
-    before = module.set_state_piece_bytes(3 * per_chunk)
-    try:
-        y, states = native_cpu.chunk_scan_forward(*ins, 8, True)
-        assert [s.shape[1] for s in states] == [3, 3, 3, 1]
-        module.set_state_piece_bytes(before)
-        got = [y, *native_cpu.chunk_scan_backward(dy, *ins, states, 8)]
-    finally:
-        module.set_state_piece_bytes(before)
-    for a, r in zip(got, whole):
-        assert torch.equal(a, r)
-    y, states = native_cpu.chunk_scan_forward(*ins, 8, False)
-    assert states == [] and torch.equal(y, whole[0])
 
 
 def test_chunk_scan_runs_in_head_slices_on_idle_threads():
@@ -614,27 +588,13 @@ def _with_threads(n, fn):
         torch.set_num_threads(before)
 
 
-def test_kernels_run_on_torchs_threads():
+def test_kernels_are_built_with_openmp():
     # at::parallel_for is a header template: in a file built without OpenMP it runs every loop
     # on the calling thread, and the kernels would use one core whatever torch is told
-    module = native_cpu.load()
-    assert _with_threads(2, lambda: module.parallel_threads(64)) == 2
-    assert _with_threads(1, lambda: module.parallel_threads(64)) == 1
-
-
-def test_gemms_inside_the_loops_run_on_one_blas_thread():
-    # PyTorch switches MKL's dynamic thread count off: a GEMM inside a parallel loop would open
-    # a nested team of all threads on threads that are busy with the loop's other tasks
-    module = native_cpu.load()
-    if module.loop_blas_threads() == -1:
-        pytest.skip('the BLAS is not MKL')
-    assert _with_threads(2, module.loop_blas_threads) == 1
-    with fast_path_variant(serial_blas=False):
-        native_cpu.load()  # the variant reaches the kernels' flag through the module's lookup
-        # two, not one: the guarded calls above gave every thread its setting back
-        nested = _with_threads(2, module.loop_blas_threads)
-    native_cpu.load()
-    assert nested == 2
+    ldd = subprocess.run(['ldd', native_cpu.load().__file__], capture_output=True, text=True)
+    if ldd.returncode != 0:
+        pytest.skip('no ldd here')
+    assert 'libgomp' in ldd.stdout
 
 
 def test_results_do_not_depend_on_the_thread_count():
@@ -704,19 +664,15 @@ def _record(monkeypatch, names) -> list:
 def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
     """``_grads(m, x)`` with the kernels switched off calls none of them and equals ``native``."""
     calls.clear()
-    with fast_path_variant(native_cpu=False):
+    with reference_ops():
         ops = _grads(m, x)
     assert calls == []
     for a, b in zip(native, ops):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=atol)
 
 
-@pytest.mark.parametrize('length,recompute,fused,output', [
-    (23, False, True, True), (130, False, True, True), (23, True, True, True),
-    (23, False, False, True), (130, False, False, True), (23, False, True, False),
-    (130, False, False, False)])
-def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompute, fused,
-                                                    output):
+@pytest.mark.parametrize('length', [23, 130])
+def test_fast_path_uses_them_and_equals_the_reference(monkeypatch, length):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # A = -1: every head factored (the next test has the others)
         m.A_log.zero_()
@@ -726,100 +682,75 @@ def test_fast_path_uses_them_and_equals_pytorch_ops(monkeypatch, length, recompu
                                   'merge_backward', 'merge_backward_scan', 'scale_tokens',
                                   'scan_output', 'scan_backward_pointwise', 'column_products',
                                   'masked_outer', 'products_forward', 'products_backward'))
-    with fast_path_variant(recompute_conv_cpu=recompute, fused_products=fused,
-                           fused_output=output):
-        native = _grads(m, x)
-    # forward; the conv's output kept (or recomputed in the backward pass), the scan's output
-    # recomputed there inside the merge's backward kernel (or written whole first); the
-    # factored products with their element-wise work in one call each way, or: scaled copies,
-    # the (L, L) products (but the group matrices') in PyTorch's batched GEMM at one token
-    # block (23 tokens), natively at two (130), per-token passes; then dB and dC
+    native = _grads(m, x)
+    # forward (the conv's output kept); the scan's output rebuilt in the backward pass inside
+    # the merge's backward kernel; the factored products with their element-wise work in one
+    # call each way; then dB and dC natively at several token blocks (130 tokens)
     blocks = length >= 128
-    if fused:
-        scan_forward, scan_backward = ['products_forward'], ['products_backward']
-    else:
-        scan_forward = ['scale_tokens', *['column_products'] * blocks, 'scan_output']
-        scan_backward = ['scale_tokens', 'scale_tokens',
-                         *['column_products', 'masked_outer'] * blocks,
-                         'scan_backward_pointwise']
-    assert calls == ['conv_silu_forward', 'masked_outer', *scan_forward, 'merge_forward',
-                     *['conv_silu_forward'] * recompute,
-                     *(['merge_backward_scan'] if output else ['scan_output', 'merge_backward']),
-                     *scan_backward, *['column_products'] * (2 * blocks), 'conv_silu_backward']
+    assert calls == ['conv_silu_forward', 'masked_outer', 'products_forward', 'merge_forward',
+                     'merge_backward_scan', 'products_backward',
+                     *['column_products'] * (2 * blocks),
+                     'conv_silu_backward']
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
 
 
 @pytest.mark.parametrize('length', [23, 130])
-@pytest.mark.parametrize('fused', [True, False])
-def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length, fused):
+def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
     m = BiSSD(embed_dims=32, d_state=8, headdim=8).double()
     with torch.no_grad():  # dt about softplus(0), A = -300: too wide to factor
         m.dt_bias.zero_()
         m.dt_b_bias.zero_()
         m.A_log.fill_(math.log(300.))
         m.A_log_b[:2].fill_(math.log(300.))
-        m.A_log_b[2:].fill_(math.log(.5))  # factored: few enough wide heads at 130 tokens
+        m.A_log_b[2:].fill_(math.log(.5))
     x = torch.randn(2, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'wide_forward', 'wide_backward',
                                   'column_products', 'masked_outer', 'merge_backward_scan'))
-    with fast_path_variant(fused_wide_heads=fused):
-        native = _grads(m, x)
-    # the merge's backward pass rebuilds the scan's output, the wide heads' parts included
+    native = _grads(m, x)
+    # the merge's backward pass rebuilds the scan's output, the wide heads' parts included;
+    # one call each way for both directions' wide heads, their products inside; the factored
+    # heads' C^T B natively, dB and dC natively at several token blocks (130 tokens)
     assert calls.count('merge_backward_scan') == 1
-    blocks = length >= 128
-    # the factored heads' (L, L) products: C^T B natively at any length, the others (with
-    # their element-wise work) in one call each way, then dB and dC natively at several token
-    # blocks (130 tokens)
-    factored = dict(column_products=2 * blocks, masked_outer=1)
-    if fused:  # one call each way for both directions' wide heads, products inside
-        assert [c for c in calls if c.startswith('wide')] == ['wide_forward', 'wide_backward']
-        wide = dict(column_products=0, masked_outer=0)
-    else:
-        # forward: weights per direction; backward: per direction the weights again and their
-        # gradients; their products per direction one forward and two backward
-        assert [c for c in calls if c.startswith('wide')] == (
-            ['wide_weights'] * 2 + ['wide_weights', 'wide_grads'] * 2)
-        wide = dict(column_products=4 * blocks, masked_outer=2 * blocks)
-    for name in ('column_products', 'masked_outer'):
-        assert calls.count(name) == factored[name] + wide[name]
+    assert [c for c in calls if c.startswith('wide')] == ['wide_forward', 'wide_backward']
+    assert calls.count('column_products') == 2 * (length >= 128)
+    assert calls.count('masked_outer') == 1
     _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-12)
 
 
-def test_torch_compile_traces_the_pytorch_ops(monkeypatch):
-    """The compiler cannot see into the kernels: a compiled mixer runs the PyTorch ops (no graph
-    break or warning at the kernels), eager runs the kernels, and both agree."""
+def test_torch_compile_runs_the_kernels_as_one_op(monkeypatch):
+    """The compiler sees the mixer's inside as the ``mmdinomamba::bidir_ssd`` op: a compiled
+    mixer (one graph) runs the kernels as eager does, and both agree."""
     m = BiSSD(embed_dims=32, d_state=8, headdim=8)
     x = torch.randn(2, 9, 32)
     calls = _record(monkeypatch, ('conv_silu_forward', 'merge_forward'))
     torch._dynamo.reset()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        compiled = torch.compile(m, backend='eager')(x)
-    assert calls == []
-    assert not [w for w in caught if 'mmdinomamba_cpu_mixer' in str(w.message)]
-    eager = m(x)
+    compiled = torch.compile(m, backend='eager', fullgraph=True)(x)
     assert calls == ['conv_silu_forward', 'merge_forward']
+    eager = m(x)
+    assert calls == ['conv_silu_forward', 'merge_forward'] * 2
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(native_cpu.ENV_SWITCH, '0')
-    assert not native_cpu.available()
-    monkeypatch.setenv(native_cpu.ENV_SWITCH, '1')
+def test_switched_off_by_the_switch(monkeypatch):
+    with reference_ops():
+        assert not native_cpu.available()
     assert native_cpu.available()
+    monkeypatch.setattr(switch, '_ENV_OFF', True)  # as MMDINOMAMBA_KERNELS=0 at import
+    assert not native_cpu.available()
 
 
 def test_the_build_is_keyed_by_source_path_and_contents(monkeypatch, tmp_path):
     # two checkouts or versions sharing one extension cache keep separate builds
     # building leaves the key as it was (the flags it is made of are not appended to): a second
     # build in this process, or the next process, finds this one
-    assert native_cpu.load().__name__ == f'mmdinomamba_cpu_mixer_{native_cpu._build_key()}'
+    assert native_cpu.load().__name__ == f'mmdinomamba_cpu_{native_cpu._build_key()}'
     key = native_cpu._build_key()
     assert key == native_cpu._build_key()
-    copy = tmp_path / 'cpu_mixer.cpp'
-    copy.write_bytes(native_cpu.SOURCE.read_bytes())
-    monkeypatch.setattr(native_cpu, 'SOURCE', copy)
+    for source in native_cpu.CSRC.iterdir():
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(native_cpu, 'CSRC', tmp_path)
     moved = native_cpu._build_key()
+    copy = tmp_path / 'common.h'
     copy.write_bytes(copy.read_bytes() + b'// changed\n')
     assert len({key, moved, native_cpu._build_key()}) == 3
 
@@ -832,15 +763,14 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
     m.zero_grad()
     xl = x.clone().requires_grad_()
     y = m(xl)
-    monkeypatch.setenv(native_cpu.ENV_SWITCH, '0')
-    y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
+    with reference_ops():
+        y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
     for a, b in zip([y.detach(), xl.grad] + [p.grad for p in m.parameters()], want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_grads',
-                                    'wide_forward', 'wide_backward', 'products_forward',
-                                    'products_backward', 'scan_backward_pointwise',
+@pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_forward',
+                                    'wide_backward', 'products_forward', 'products_backward',
                                     'chunk_scan_backward', 'recurrent_scan_backward',
                                     'scan_steps'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
@@ -881,7 +811,8 @@ def test_a_self_check_that_raises_fails(monkeypatch):
 
 def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(native_cpu, '_state', {})
-    monkeypatch.setattr(native_cpu, 'SOURCE', tmp_path / 'missing.cpp')
+    monkeypatch.setattr(native_cpu, 'SOURCES', (tmp_path / 'missing.cpp', ))
+    monkeypatch.setattr(native_cpu, 'CSRC', tmp_path)
     monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path / 'cache'))  # not the user's cache
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')

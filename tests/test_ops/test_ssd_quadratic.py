@@ -5,10 +5,9 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from mmdinomamba.ops import (WIDE_TOKENS, fast_path_variant, ssd_scan, ssd_scan_quadratic,
-                             ssd_scan_ref, use_quadratic_form)
-from mmdinomamba.ops.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
-from mmdinomamba.ops.ssd_triangles import block_bounds
+from mmdinomamba.ops import ssd, ssd_scan, ssd_scan_quadratic, ssd_scan_ref
+from mmdinomamba.ops.cpu.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
+from mmdinomamba.ops.cpu.ssd_triangles import block_bounds
 
 from test_ssd_scan import (HEADS, HEADDIM, assert_float32_close_to_float64, assert_float64_exact,
                            make_inputs, rel_err)
@@ -60,8 +59,6 @@ def test_factored_and_per_head_heads_in_one_batch_float64():
                                            (401, [0, 96, 208, 304, 401])])
 def test_triangle_blocks_are_near_equal_with_aligned_inner_bounds(length, bounds):
     assert block_bounds(length) == bounds
-    with fast_path_variant(triangle_blocks=False):
-        assert block_bounds(length) == [0, length]
 
 
 @pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
@@ -108,39 +105,14 @@ def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups, native
         torch.testing.assert_close(got, leaf.grad, rtol=1e-9, atol=1e-10)
 
 
-def test_triangle_blocks_equal_the_full_products():
-    """Skipping the all-zero blocks changes nothing but rounding: both directions, two groups,
-    factored and per-head heads (float64), against ``triangle_blocks=False``."""
-    gen = torch.Generator().manual_seed(11)
-    b, R, h, p, g, n, length = 2, 2, 4, 8, 2, 16, 200
-    x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=torch.float64)
-             for _ in range(2))
-    dt = torch.rand(b, R, h, length, generator=gen, dtype=torch.float64) * 0.05
-    dt[:, :, 0] *= 100  # one head per direction too wide to factor
-    A = -torch.rand(R, h, generator=gen, dtype=torch.float64) - 0.5
-    B, C = (torch.randn(b, R, g, n, length, generator=gen, dtype=torch.float64)
-            for _ in range(2))
-    D = torch.randn(R, h, generator=gen, dtype=torch.float64)
-    results = []
-    for blocks in (True, False):
-        with fast_path_variant(triangle_blocks=blocks):
-            assert len(block_bounds(length)) - 1 == (3 if blocks else 1)
-            y, st = scan_forward(x, dt, A, B, C, D)
-            assert st.wide[:, :, 0].all() and not st.wide[:, :, 1:].any()
-            results.append((y, *scan_backward(dy, x, dt, A, B, C, st, True)))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize('length', [33, 200])  # one and three token blocks
-@pytest.mark.parametrize('switch', ['fused_wide_heads', 'fused_products'])
-def test_fused_kernels_equal_the_separate_calls(dtype, tol, length, switch):
-    """The strongly decaying heads in one native call each way == gathered, computed by the
-    (L, L) kernels and scattered back: several per direction, some sharing a group matrix, at
+def test_native_kernels_equal_the_pytorch_ops(dtype, tol, length):
+    """The strongly decaying heads in one native call each way == gathered, computed and
+    scattered back by PyTorch ops: several per direction, some sharing a group matrix, at
     scattered (sample, direction, head) places; the factored products with their element-wise
-    work in one call == scaled copies, products and per-token passes one call each; the output
-    replayed from the state too."""
+    work in one call == PyTorch's products and element-wise ops; the output replayed from the
+    state too."""
     gen = torch.Generator().manual_seed(length)
     b, R, h, p, g, n = 3, 2, 6, 8, 2, 16
     x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=dtype) for _ in range(2))
@@ -153,46 +125,35 @@ def test_fused_kernels_equal_the_separate_calls(dtype, tol, length, switch):
     B, C = (torch.randn(b, R, g, n, length, generator=gen, dtype=dtype) for _ in range(2))
     D = torch.randn(R, h, generator=gen, dtype=dtype)
     results = []
-    for fused in (True, False):
-        with fast_path_variant(**{switch: fused}):
-            y, st = scan_forward(x, dt, A, B, C, D, native=True)
-            assert st.wide.sum() == b * R + 3 and not st.wide.all()
-            results.append((y, st.output(x, native=True),
-                             *scan_backward(dy, x, dt, A, B, C, st, True, native=True)))
+    for native in (True, False):
+        y, st = scan_forward(x, dt, A, B, C, D, native=native)
+        assert st.wide.sum() == b * R + 3 and not st.wide.all()
+        results.append((y, st.output(x, native=native),
+                        *scan_backward(dy, x, dt, A, B, C, st, True, native=native)))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
 
 
-def test_scans_of_at_most_wide_tokens_keep_the_quadratic_form():
-    """A share of strongly decaying heads is at most 1, so at ``WIDE_TOKENS`` tokens or fewer
-    the quadratic form is kept whatever the decay (the demo's crops: no step sizes looked at)."""
-    x, dt, A = gentle_inputs(WIDE_TOKENS, seed=12)[:3]
-    assert use_quadratic_form(dt * 300.0, A, HEADDIM, 16)
-    assert not use_quadratic_form(torch.cat([dt, dt[:, :1]], 1) * 300.0, A, HEADDIM, 16)
-
-
-def test_strongly_decaying_heads_move_short_scans_to_the_chunked_form():
-    """The quadratic form computes strongly decaying heads one by one: with a share of them
-    above ``WIDE_TOKENS / length`` the (exact, faster) chunked scan is used instead."""
+def test_the_length_alone_picks_the_form(monkeypatch):
+    """Up to ``quadratic_max_len`` tokens the quadratic form, whatever the decay (no look at the
+    step sizes: no host sync); beyond it the chunked scan; both exact."""
     args = gentle_inputs(100, seed=12)
-    x, dt, A = args[:3]
-    assert use_quadratic_form(dt, A, HEADDIM, 16)
-    strong = [x, dt * 300.0, *args[2:]]  # every head decays too fast to factor
-    assert not use_quadratic_form(strong[1], A, HEADDIM, 16)
-    with patch('mmdinomamba.ops.ssd.ssd_scan_quadratic', side_effect=AssertionError):
-        chunked = ssd_scan(*strong, backend='torch')  # not the quadratic form
+    strong = [args[0], args[1] * 300.0, *args[2:]]  # every head decays too fast to factor
     want = ssd_scan_ref(*(t.double() for t in strong))
-    assert rel_err(chunked, want) <= 1e-5 and rel_err(ssd_scan_quadratic(*strong), want) <= 1e-5
-    with fast_path_variant(quadratic_max_len=0):
-        assert not use_quadratic_form(dt, A, HEADDIM, 16)
+    with patch('mmdinomamba.ops.ssd.ssd_scan_chunked_native', side_effect=AssertionError):
+        quadratic = ssd_scan(*strong, backend='torch')
+    monkeypatch.setattr(ssd, 'quadratic_max_len', lambda *sizes: 99)
+    with patch('mmdinomamba.ops.ssd.ssd_scan_quadratic', side_effect=AssertionError):
+        chunked = ssd_scan(*strong, backend='torch')
+    assert rel_err(chunked, want) <= 1e-5 and rel_err(quadratic, want) <= 1e-5
 
 
-def test_ssd_scan_picks_the_quadratic_form_for_short_sequences():
+def test_ssd_scan_picks_the_quadratic_form_for_short_sequences(monkeypatch):
     args = make_inputs(40, seed=7)
     want = ssd_scan_quadratic(*args)
     torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=0, atol=0)
-    with fast_path_variant(quadratic_max_len=0):  # the chunked scan: same up to rounding
-        torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(ssd, 'quadratic_max_len', lambda *sizes: 0)  # the chunked scan
+    torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=1e-5, atol=1e-5)
 
 
 def test_half_precision_is_computed_in_float32():

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import fast_path_variant, native_cpu, ssd_scan_recurrent
+from mmdinomamba.ops import native_cpu, reference_ops, ssd_scan_recurrent
+from mmdinomamba.ops.cpu import bidir_inner
 
 from test_native_cpu import _grads, _record, _with_threads
 from test_ssd_scan import assert_float32_close_to_float64, assert_float64_exact
@@ -137,7 +138,7 @@ def test_steps_equal_those_of_the_factors():
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])
 def test_fast_path_scans_small_heads_by_the_recurrence(monkeypatch, dt_scale):
     # the demo's heads: the fast path runs the recurrence, not the quadratic form, and equals
-    # both the quadratic form (recurrent_scan=False) and the PyTorch ops
+    # both the quadratic form and the reference
     m = BiSSD(embed_dims=32, d_state=16, headdim=16, ngroups=2).double()
     with torch.no_grad():  # dt_scale 50: strong decay, heads the quadratic form takes one by one
         for bias in (m.dt_bias, m.dt_b_bias):
@@ -147,10 +148,15 @@ def test_fast_path_scans_small_heads_by_the_recurrence(monkeypatch, dt_scale):
                                   'masked_outer', 'scan_output', 'wide_weights'))
     got = _grads(m, x)
     assert calls == ['recurrent_scan_forward', 'recurrent_scan_backward']
-    for variant in (dict(recurrent_scan=False), dict(native_cpu=False)):
+    for quadratic in (True, False):
         calls.clear()
-        with fast_path_variant(**variant):
-            want = _grads(m, x)
+        if quadratic:  # the heads as the quadratic form takes them
+            with monkeypatch.context() as patched:
+                patched.setattr(bidir_inner, '_use_recurrent', lambda dims, native: False)
+                want = _grads(m, x)
+        else:
+            with reference_ops():
+                want = _grads(m, x)
         assert 'recurrent_scan_forward' not in calls
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

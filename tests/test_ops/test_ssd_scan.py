@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmdinomamba.ops import (PORTABLE_CHUNK_SIZE, fast_path_variant, ssd, ssd_mixing_matrix,
-                             ssd_scan, ssd_scan_chunked, ssd_scan_ref)
+from mmdinomamba.ops import ssd, ssd_mixing_matrix, ssd_scan, ssd_scan_chunked, ssd_scan_ref
+from mmdinomamba.ops.cpu.ssd_chunked import ssd_scan_chunked_native
+from mmdinomamba.ops.reference import PORTABLE_CHUNK_SIZE
 
 HEADS, HEADDIM, STATE = 4, 8, 16
 
@@ -64,11 +65,22 @@ def assert_float64_exact(scan, args):
             torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
 
 
+def _native_chunked(x, dt, A, B, C, D=None, chunk_size=PORTABLE_CHUNK_SIZE, tile_chunks=4,
+                    upcast=True):
+    """``ssd_scan_chunked``'s signature, in the native kernels (float32 / float64 inside)."""
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    args = [None if t is None else t.to(dtype) for t in (x, dt, A, B, C, D)]
+    with torch.autocast('cpu', enabled=False):
+        return ssd_scan_chunked_native(*args, chunk_size).to(x.dtype)
+
+
 @pytest.fixture(params=['native', 'torch'])
-def chunked_kernels(request):
-    """The chunked scan in the native CPU kernels and in the PyTorch ops (its specification)."""
-    with fast_path_variant(native_cpu=request.param == 'native'):
-        yield request.param
+def chunked_kernels(request, monkeypatch):
+    """The chunked scan in the native CPU kernels and in the PyTorch ops (its specification):
+    ``ssd_scan_chunked`` of this module is the one or the other."""
+    if request.param == 'native':
+        monkeypatch.setitem(globals(), 'ssd_scan_chunked', _native_chunked)
+    yield request.param
 
 
 @pytest.mark.parametrize('length', [1, 17, 196, 197, 256, 1000])
@@ -144,7 +156,7 @@ def test_two_problems_as_extra_heads_and_groups():
     p1, p2 = make_inputs(50, seed=5), make_inputs(50, seed=6)
     stacked = [torch.cat([a, b], dim=2 if a.dim() > 2 else 0) for a, b in zip(p1, p2)]
     for max_len in (0, 64):  # chunked, quadratic
-        with fast_path_variant(quadratic_max_len=max_len), patch.object(ssd, 'WIDE_TOKENS', 64):
+        with patch.object(ssd, 'quadratic_max_len', lambda *sizes: max_len):
             got = ssd_scan(*stacked, backend='torch')
             torch.testing.assert_close(got[:, :, :HEADS], ssd_scan(*p1, backend='torch'))
             torch.testing.assert_close(got[:, :, HEADS:], ssd_scan(*p2, backend='torch'))
@@ -222,23 +234,21 @@ def _gentle(length, groups, seed, dtype=torch.float32):
 def test_factored_chunks_float32_match_float64_recurrence(length, groups):
     """The factored diagonal blocks (all heads of a group in one product) keep the float32
     accuracy of the per-head form, outputs and every gradient."""
-    from mmdinomamba.ops.ssd_chunked_blocks import factored_scales
+    from mmdinomamba.ops.reference.ssd_chunked_blocks import factored_scales
     args = _gentle(length, groups, seed=11)
     dtv = args[1][:, :PORTABLE_CHUNK_SIZE].reshape(2, 1, PORTABLE_CHUNK_SIZE, groups, -1)
     acs = (dtv * args[2].reshape(groups, -1)).cumsum(2)
     assert factored_scales(dtv, args[2], acs) is not None
-    with fast_path_variant(native_cpu=False):  # the PyTorch ops' form (the native one has none)
-        assert_float32_close_to_float64(ssd_scan_chunked, args)
+    assert_float32_close_to_float64(ssd_scan_chunked, args)  # the PyTorch ops' form
 
 
 def test_factored_and_per_head_blocks_in_one_scan_float64():
     """Blocks that decay too strongly to factor take the per-head form, the others the factored
     one, within one scan (state carried between them): tight in float64."""
-    from mmdinomamba.ops.ssd_chunked_blocks import factored_scales
+    from mmdinomamba.ops.reference.ssd_chunked_blocks import factored_scales
     args = _gentle(160, 2, seed=12, dtype=torch.float64)
     args[1][:, 96:128] *= 400.0  # the fourth block of 32 tokens (tiles of one chunk)
     dtv = [args[1][:, i:i + 32].reshape(2, 1, 32, 2, -1) for i in range(0, 160, 32)]
     blocks = [factored_scales(d, args[2], (d * args[2].reshape(2, -1)).cumsum(2)) for d in dtv]
     assert [s is None for s in blocks] == [False, False, False, True, False]
-    with fast_path_variant(native_cpu=False):
-        assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)
+    assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from mmdinomamba.utils import bench_stats
 from repo_files import load_file
@@ -16,8 +15,7 @@ def _tool():
 def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     out = tmp_path / 'rows.json'
     _tool().main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
-                  '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--no-fused-conv',
-                  '--no-fused-merge', '--no-recompute-conv', '--no-recompute-merge', '--json',
+                  '--modes', 'fwd', '--iters', '1', '--warmup', '0', '--recompute-merge', '--json',
                   str(out)])
     rows = {r['arch']: r for r in json.loads(out.read_text())}
     assert set(rows) == {'vit-s', 'dinovim-t'}  # the reference was added and measured
@@ -25,52 +23,26 @@ def test_cpu_run_measures_the_reference_in_the_same_run(tmp_path, capsys):
     d = rows['dinovim-t']
     assert d['imgs'] > 0 and d['speed_ratio'] == pytest.approx(d['imgs'] / rows['vit-s']['imgs'])
     assert abs(d['params'] - 10.71) < 0.01
-    assert ('fused_conv=False fused_merge=False recompute_conv=False recompute_merge=False '
-            'quadratic=True triangle_blocks=True native_cpu=True recurrent_scan=True '
-            'recompute_conv_cpu=False fused_wide_heads=True fused_products=True fused_output=True '
-            'serial_blas=True with_cp=False '
-            'keep_freed_memory=False '
-            'chunk_size=default' in capsys.readouterr().out)
+    assert ('recompute_merge=True with_cp=False keep_freed_memory=False chunk_size=default'
+            in capsys.readouterr().out)
 
 
-def test_build_passes_the_switches_to_mamba_mixers_only():
+def test_build_passes_the_mixer_options_to_mamba_mixers_only():
     tool = _tool()
     opts = tool.build_options(
-        tool.parse_args(['--no-fused-conv', '--no-fused-merge', '--no-recompute-conv',
-                         '--recompute-merge', '--no-quadratic', '--no-triangle-blocks',
-                         '--with-cp', '--chunk-size', '64']))
-    assert opts['variant'] == dict(fused_conv=False, fused_merge=False, recompute_conv=False,
-                                   recompute_merge=True, quadratic_max_len=0,
-                                   triangle_blocks=False)
+        tool.parse_args(['--recompute-merge', '--with-cp', '--chunk-size', '64']))
+    assert opts['mixer'] == dict(chunk_size=64, recompute_merge=True)
     model = tool._build('dinovim-t', 'cpu', opts)
     mixer = model.layers[0].mixer
-    assert mixer.chunk_size == 64
+    assert mixer.chunk_size == 64 and mixer.recompute_merge
     assert model.with_cp
     defaults = tool.build_options(tool.parse_args([]))
-    assert defaults['variant'] == {}
+    assert defaults['mixer'] == {}
     model = tool._build('dinovim-t', 'cpu', defaults)
     mixer = model.layers[0].mixer
-    assert mixer.fast_path and mixer.chunk_size == 256
+    assert not mixer.recompute_merge and mixer.chunk_size == 256
     assert not model.with_cp
-    assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer switches ignored
-
-
-def test_switch_defaults_are_the_fast_paths_defaults():
-    """Each --<switch> / --no-<switch> flag defaults to the fast path's own default, so a run
-    without flags measures what users get and a flag that restates a default changes nothing."""
-    import dataclasses
-
-    from mmdinomamba.ops import FastPathVariant
-    tool = _tool()
-    fields = {f.name: f.default for f in dataclasses.fields(FastPathVariant)}
-    for name in tool.FAST_PATH_SWITCHES:
-        # 'quadratic' stands for quadratic_max_len: on unless it is set to 0
-        expected = fields[name] if name in fields else fields['quadratic_max_len'] != 0
-        assert tool.switch_default(name) == expected, name
-    args = tool.parse_args([])
-    assert args.recompute_merge is False and args.recompute_conv is True
-    restated = tool.parse_args(['--no-recompute-merge', '--recompute-conv', '--quadratic'])
-    assert tool.build_options(restated)['variant'] == {}
+    assert tool._build('vit-s', 'cpu', opts).with_cp  # not a Mamba model: mixer options ignored
 
 
 def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):
@@ -78,7 +50,7 @@ def test_profile_prints_operators_and_writes_a_trace(tmp_path, capsys):
     _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
                   '--profile', 'dinovim-t', '32', 'fwd+bwd', '--trace', str(trace)])
     table = capsys.readouterr().out
-    assert 'Self CPU' in table and '_BidirInnerBackward' in table  # the scan's backward ran
+    assert 'Self CPU' in table and 'bidir_ssd' in table  # the mixer's op ran
     assert json.loads(trace.read_text())['traceEvents']
     with pytest.raises(SystemExit, match='mode'):
         _tool().main(['--device', 'cpu', '--profile', 'dinovim-t', '32', 'bwd'])
@@ -221,45 +193,13 @@ def test_interleaved_table_shows_the_interval_of_the_median(tmp_path, monkeypatc
     assert row.split()[-3:] == ['1.02-1.20', '0.90-1.30', '1.00']
 
 
-def test_ab_alternates_one_switch_in_one_process(monkeypatch, capsys):
-    """--ab SWITCH: one model, the switch on and off in turn; every timed step sees the variant
-    of its half of the round, and the ratio is off's step time over on's."""
-    tool, seen = _tool(), []
-    from mmdinomamba.ops import current_variant
-
-    def fake_median_step(model, optim, x, mode, device, iters, amp):
-        on = current_variant().fused_products
-        seen.append((on, iters))
-        return 0.1 if on else 0.15
-
-    monkeypatch.setattr(tool, '_median_step', fake_median_step)
-    tool.main(['--device', 'cpu', '--archs', 'dinovim-t', '--res', '32', '--batch', '1',
-               '--modes', 'fwd', '--iters', '2', '--warmup', '1', '--interleave', '3',
-               '--ab', 'fused_products'])
-    # on first in even rounds, off first in odd ones (warm-up and timed rounds alike)
-    assert seen == [(True, 1), (False, 1)] + [(True, 2), (False, 2), (False, 2), (True, 2),
-                                              (True, 2), (False, 2)]
-    out = capsys.readouterr().out
-    assert '3 rounds of 2 steps each way' in out
-    assert 'dinovim-t 32px fwd batch 1: on 100.0 ms, off 150.0 ms a step; speed on / off ' \
-        '1.500 x (95% CI -, rounds 1.500-1.500)' in out
-    assert tool._switched('quadratic', False) == dict(quadratic_max_len=0)
-
-
 def test_breakdown_times_the_mixer_pieces_inside_whole_steps(capsys):
-    """--breakdown: wall-clock timers around the fast path's functions during whole steps; the
-    nested pieces fit inside the mixer's time and every function is restored afterwards."""
-    from mmdinomamba.ops import bidir_inner, native_cpu, ssd_quadratic_heads
-    before = (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward,
-              native_cpu.products_forward)
+    """--breakdown: the ops' named ranges read from the profiler during whole steps; the
+    nested pieces fit inside the mixer's time."""
     _tool().main(['--device', 'cpu', '--batch', '2', '--iters', '1', '--warmup', '0',
                   '--breakdown', 'dinovim-t', '32', 'fwd+bwd'])
-    assert (bidir_inner.scan_backward, ssd_quadratic_heads.add_forward,
-            native_cpu.products_forward) == before
     lines = capsys.readouterr().out.splitlines()[2:]
-    # the table's rows, not the line on strongly decaying heads below it (if any ran)
-    rows = {line[:50].strip(): float(line[50:60]) for line in lines
-            if not line.startswith('strongly decaying heads')}
+    rows = {line[:50].strip(): float(line[50:60]) for line in lines}
     mixer = rows['mixer between its projections, forward'] + rows[
         'mixer between its projections, backward']
     assert 0 < rows['SSD scan, forward and backward'] < mixer
@@ -277,16 +217,3 @@ def test_breakdown_says_when_the_fast_path_did_not_run(capsys):
     _tool().main(['--device', 'cpu', '--batch', '1', '--iters', '1', '--warmup', '0',
                   '--breakdown', 'vit-s', '32', 'fwd'])
     assert 'did not run' in capsys.readouterr().out
-
-
-def test_floor_share_counts_the_negligible_pairs_of_strongly_decaying_heads():
-    """--breakdown's last line: of the heads in the ``wide`` mask, the share of strict-triangle
-    pairs whose decay |S_i - S_j| exceeds the floor's 60 (here 10 of 55 pairs, i - j >= 7)."""
-    S = torch.zeros(1, 2, 2, 11, dtype=torch.float64)
-    S[0, 0, 0] = -10. * torch.arange(11)  # causal direction, decaying by 10 a token
-    S[0, 1, 1] = -10. * torch.arange(11).flip(0)  # anti-causal direction, same decay
-    S[0, 0, 1] = -1000. * torch.arange(11)  # not in the mask: ignored
-    wide = torch.tensor([[[True, False], [False, True]]])
-    count, share = _tool().floor_share([(S, wide)])
-    assert count == 2
-    assert share == pytest.approx(10 / 55)

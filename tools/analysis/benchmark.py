@@ -34,14 +34,13 @@ Example::
         --breakdown dinovim-t 224 fwd+bwd      # the mixer's pieces, timed inside whole steps
     python tools/analysis/benchmark.py --device cpu --archs dinovim-t --res 224 --batch 8 \
         --modes fwd+bwd --iters 3 --keep-freed-memory --interleave 8   # ratio in one process
-    python tools/analysis/benchmark.py --device cpu --archs dinovim-t --res 224 --batch 8 \
-        --modes fwd+bwd --iters 2 --keep-freed-memory --ab fused_products  # one switch, A/B
+
+A/B comparisons of two versions of the code are runs of this tool at two git revisions.
 """
 import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +50,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mmdinomamba.models.backbones.presets import BACKBONE_PRESETS  # noqa: E402
-from mmdinomamba.ops.variants import FastPathVariant  # noqa: E402
 from mmdinomamba.utils.bench_stats import (best_of, interval_text, paired_ratio,  # noqa: E402
                                            round_order)
 
@@ -81,55 +79,14 @@ def reference_of(name: str, ref: str | None = None) -> str:
     return 'vit-b' if name.endswith('-b') else 'vit-s'
 
 
-# pieces of BiSSD's fast path (mmdinomamba.ops.fast_path_variant) and what each does when on;
-# each has a --<switch> / --no-<switch> flag for A/B runs, defaulting to the fast path's own
-# default (switch_default); the CUDA ones do not change a CPU run
-FAST_PATH_SWITCHES = {
-    'fused_conv': 'CUDA: both directions\' conv + SiLU in our fused kernel (off: flip / cat / '
-                  'depthwise conv)',
-    'fused_merge': 'CUDA: un-flip, both gated RMSNorms and the average in our fused kernel '
-                   '(off: separate ops)',
-    'recompute_conv': 'CUDA: recompute the conv output in the backward pass (off: keep it)',
-    'recompute_merge': 'CUDA: recompute the merged output in the backward pass (off: keep it '
-                       'for out_proj; less memory when on, faster when off)',
-    'quadratic': 'CPU: one function with the quadratic scan for short sequences (off: separate '
-                 'ops and the chunked scan)',
-    'triangle_blocks': 'CPU: the quadratic scan\'s triangular products skip their all-zero '
-                       'blocks (off: full products)',
-    'native_cpu': 'CPU: the conv + SiLU, gated merge and scan\'s element-wise work in the '
-                  'native C++ kernels (off: PyTorch ops)',
-    'recurrent_scan': 'CPU, native kernels: heads of 16 channels with 16 states scanned by '
-                      'their recurrence (off: the quadratic form)',
-    'recompute_conv_cpu': 'CPU, native kernels: recompute the conv output in the backward pass '
-                          '(off: keep it; less memory when on, faster when off)',
-    'fused_wide_heads': 'CPU, native kernels: the scan\'s strongly decaying heads in one call '
-                        'each way (off: gathered, computed and scattered back by PyTorch ops)',
-    'fused_products': 'CPU, native kernels: the scan\'s factored products and the element-wise '
-                      'work around them in one call each way (off: separate calls)',
-    'fused_output': 'CPU, native kernels: the backward pass rebuilds the scan\'s output inside '
-                    'the merge\'s kernel, tile by tile (off: written whole, then read)',
-    'serial_blas': 'CPU, native kernels: each GEMM inside their parallel loops on one BLAS '
-                   'thread (off: the BLAS\'s own threading, nested in the loops)',
-}
-
-
-def switch_default(name: str) -> bool:
-    """The fast path's own default of a switch (``quadratic`` stands for ``quadratic_max_len``:
-    on unless that is 0)."""
-    variant = FastPathVariant()
-    return variant.quadratic_max_len != 0 if name == 'quadratic' else getattr(variant, name)
-
-
 def build_options(args) -> dict:
-    """Backbone options from the command line: ``variant`` (the fast-path pieces switched away
-    from their defaults, keywords of :func:`mmdinomamba.ops.fast_path_variant`), ``mixer`` (the
-    Mamba mixers' chunk size) and ``with_cp`` (activation checkpointing per block)."""
-    variant = {name: getattr(args, name) for name in FAST_PATH_SWITCHES
-               if getattr(args, name) != switch_default(name)}
-    if variant.pop('quadratic', None) is False:
-        variant['quadratic_max_len'] = 0
+    """Backbone options from the command line: ``mixer`` (the Mamba mixers' chunk size and
+    ``recompute_merge``, constructor arguments) and ``with_cp`` (activation checkpointing per
+    block)."""
     mixer = dict(chunk_size=args.chunk_size) if args.chunk_size else {}
-    return dict(variant=variant, mixer=mixer, with_cp=args.with_cp)
+    if args.recompute_merge:
+        mixer['recompute_merge'] = True
+    return dict(mixer=mixer, with_cp=args.with_cp)
 
 
 def _build(name: str, device: str, options: dict | None = None):
@@ -196,10 +153,8 @@ def measure(name: str, res: int, mode: str, batch: int, device: str, iters: int,
             amp: bool, compile_model: bool = False, options: dict | None = None) -> dict:
     """Time ``iters`` steps of one model; returns img/s, peak memory (MiB) and params (M).
     ``options``: see :func:`build_options`."""
-    from mmdinomamba.ops import fast_path_variant
     model, optim, x = _setup(name, res, mode, batch, device, compile_model, options)
-    with fast_path_variant(**(options or {}).get('variant', {})):
-        return time_steps(model, optim, x, mode, device, iters, warmup, amp)
+    return time_steps(model, optim, x, mode, device, iters, warmup, amp)
 
 
 def time_steps(model, optim, x, mode: str, device: str, iters: int, warmup: int,
@@ -243,14 +198,13 @@ def _median_step(model, optim, x, mode: str, device: str, iters: int, amp: bool)
 
 def _single_case(args, flag: str) -> tuple:
     """The one case ``--profile`` or ``--breakdown`` (``flag``) names, ``ARCH RES MODE``, set up:
-    its name, resolution, mode and batch, the model, optimizer (train mode only) and input, and
-    the fast path's variant switches."""
+    its name, resolution, mode and batch, the model, optimizer (train mode only) and input."""
     name, res, mode = getattr(args, flag)[0], int(getattr(args, flag)[1]), getattr(args, flag)[2]
     if mode not in MODES:
         raise SystemExit(f'--{flag}: mode {mode!r} is not one of {MODES}')
     options, batch = build_options(args), _batch_for(args, res)
     model, optim, x = _setup(name, res, mode, batch, args.device, args.compile, options)
-    return name, res, mode, batch, model, optim, x, options['variant']
+    return name, res, mode, batch, model, optim, x
 
 
 def profile(args, rows: int = 25) -> str:
@@ -260,130 +214,70 @@ def profile(args, rows: int = 25) -> str:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from mmdinomamba.ops import fast_path_variant
-    _, _, mode, _, model, optim, x, variant = _single_case(args, 'profile')
+    _, _, mode, _, model, optim, x = _single_case(args, 'profile')
     cuda = args.device.startswith('cuda')
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with fast_path_variant(**variant):
-        for _ in range(args.warmup):
+    for _ in range(args.warmup):
+        _step(model, x, mode, args.amp, optim)
+    _sync(args.device)
+    with torch_profile(activities=activities) as prof:
+        for _ in range(args.iters):
             _step(model, x, mode, args.amp, optim)
         _sync(args.device)
-        with torch_profile(activities=activities) as prof:
-            for _ in range(args.iters):
-                _step(model, x, mode, args.amp, optim)
-            _sync(args.device)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
-#: --breakdown: the pieces of BiSSD's CPU fast path timed inside a whole training step, each as
-#: (module, function) pairs whose module attribute is wrapped; indented rows are inside the row
-#: above them
+#: --breakdown: the pieces of BiSSD's CPU kernels inside a whole training step, each as the
+#: names of the ``record_function`` ranges the ops open (mmdinomamba.ops.cpu); indented rows
+#: are inside the row above them
 BREAKDOWN = (
-    ('mixer between its projections, forward', 0, [('bidir_inner', '_inner_forward')]),
-    ('mixer between its projections, backward', 0, [('bidir_inner', '_inner_backward')]),
-    ('SSD scan, forward and backward', 1,
-     [('bidir_inner', 'scan_forward'), ('bidir_inner', 'scan_backward'),
-      ('native_cpu', 'recurrent_scan_forward'), ('native_cpu', 'recurrent_scan_backward')]),
-    ('(L, L) products and the work fused with them', 2,
-     [('ssd_quadratic', 'apply_masked'), ('ssd_quadratic', 'apply_masked_t'),
-      ('ssd_quadratic', 'masked_outer'), ('native_cpu', 'products_forward'),
-      ('native_cpu', 'products_backward')]),
-    ('strongly decaying heads, one by one', 2, [('ssd_quadratic_heads', 'add_forward'),
-                                                ('ssd_quadratic_heads', 'add_backward'),
-                                                ('ssd_quadratic_heads', 'add_saved')]),
-    ("both directions' convs + SiLU", 1, [('bidir_inner', '_conv'),
-                                          ('bidir_inner', '_conv_backward')]),
-    # the merge's backward kernel that rebuilds the scan's output (fused_output) counts here
-    ('gated RMSNorms and their average', 1, [('bidir_inner', 'merge_forward'),
-                                             ('bidir_inner', 'merge_backward'),
-                                             ('native_cpu', 'merge_backward_scan')]),
+    ('mixer between its projections, forward', 0, ['bidir_ssd.forward']),
+    ('mixer between its projections, backward', 0, ['bidir_ssd.backward']),
+    ('SSD scan, forward and backward', 1, ['bidir_ssd.scan']),
+    ('(L, L) products and the work fused with them', 2, ['bidir_ssd.scan.products']),
+    ('strongly decaying heads, one by one', 2, ['bidir_ssd.scan.wide_heads']),
+    ("both directions' convs + SiLU", 1, ['bidir_ssd.conv']),
+    ('gated RMSNorms and their average', 1, ['bidir_ssd.merge']),
 )
 
 
 def breakdown(args) -> str:
-    """Time the pieces of BiSSD's CPU fast path (:data:`BREAKDOWN`) inside ``--iters`` whole
-    steps of the one case ``--breakdown ARCH RES MODE`` (after ``--warmup``), with wall-clock
-    timers around the functions (``torch.profiler`` inflates small CPU operators several-fold);
-    returns a table of ms per step and share of the step."""
-    import importlib
-
-    from mmdinomamba.ops import fast_path_variant
-    name, res, mode, batch, model, optim, x, variant = _single_case(args, 'breakdown')
-    spent, originals = [0.0] * len(BREAKDOWN), []
-
-    def timed(fn, row):
-        def wrapper(*a, **kw):
-            start = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[row] += time.perf_counter() - start
-        return wrapper
-
-    for row, (_, _, funcs) in enumerate(BREAKDOWN):
-        for mod_name, fn_name in funcs:
-            mod = importlib.import_module(f'mmdinomamba.ops.{mod_name}')
-            originals.append((mod, fn_name, getattr(mod, fn_name)))
-            setattr(mod, fn_name, timed(getattr(mod, fn_name), row))
-    heads = importlib.import_module('mmdinomamba.ops.ssd_quadratic_heads')
-    decays = []  # (S, wide) of every forward call on the strongly decaying heads
-
-    def add_forward(y, x, dt, S, cb, wide, *rest, _fn=heads.add_forward):
-        decays.append((S, wide.clone()))
-        return _fn(y, x, dt, S, cb, wide, *rest)
-
-    originals.append((heads, 'add_forward', heads.add_forward))
-    heads.add_forward = add_forward
-    try:
-        with fast_path_variant(**variant):
-            for _ in range(args.warmup):
-                _step(model, x, mode, args.amp, optim)
-            spent[:] = [0.0] * len(spent)
-            decays.clear()
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                _step(model, x, mode, args.amp, optim)
-            step = (time.perf_counter() - start) / args.iters
-    finally:
-        for mod, fn_name, fn in reversed(originals):  # add_forward is wrapped twice
-            setattr(mod, fn_name, fn)
+    """Time the pieces of BiSSD's CPU kernels (:data:`BREAKDOWN`) inside ``--iters`` whole
+    steps of the one case ``--breakdown ARCH RES MODE`` (after ``--warmup``), from the
+    ``record_function`` ranges the ops open, read by ``torch.profiler`` (which slows the small
+    operators of a step somewhat: the shares are more telling than the milliseconds); returns
+    a table of ms per step and share of the step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    name, res, mode, batch, model, optim, x = _single_case(args, 'breakdown')
+    for _ in range(args.warmup):
+        _step(model, x, mode, args.amp, optim)
+    start = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.iters):
+            _step(model, x, mode, args.amp, optim)
+    step = (time.perf_counter() - start) / args.iters
+    totals = {}  # microseconds per range name, over all steps
+    for event in prof.events():
+        totals[event.name] = totals.get(event.name, 0.) + event.cpu_time_total
+    spent = [sum(totals.get(n, 0.) for n in names) / 1e6 / args.iters
+             for _, _, names in BREAKDOWN]
     lines = [f'{name} {res}px {mode}, batch {batch}, {args.iters} steps: '
-             f'{1000 * step:.0f} ms a step (mean)', f'{"piece":<50}{"ms/step":>10}{"share":>8}']
+             f'{1000 * step:.0f} ms a step (mean, profiled)',
+             f'{"piece":<50}{"ms/step":>10}{"share":>8}']
     for (label, depth, _), t in zip(BREAKDOWN, spent):
-        t = t / args.iters
         lines.append(f'{"  " * depth + label:<50}{1000 * t:>10.1f}{t / step:>8.0%}')
-    rest = step - (spent[0] + spent[1]) / args.iters
+    rest = step - spent[0] - spent[1]
     lines.append(f'{"rest: projections, norms, residuals, other layers":<50}{1000 * rest:>10.1f}'
                  f'{rest / step:>8.0%}')
     if not spent[0] + spent[1]:
-        lines.append('(the fast path between the projections did not run: no BiSSD mixer, or its '
-                     'sequences too long or decaying too strongly for the quadratic form, which '
-                     'then runs as separate ops)')
-    if decays:
-        count, share = floor_share(decays)
-        lines.append(f'strongly decaying heads: {count / args.iters:.0f} a step (forward passes), '
-                     f'{share:.1%} of their (L, L) triangles below the decay floor')
+        lines.append('(the mmdinomamba::bidir_ssd op did not run: no BiSSD mixer, or its '
+                     'sequences too long for the quadratic form, which then runs as separate '
+                     'ops)')
     return '\n'.join(lines)
-
-
-def floor_share(decays: list) -> tuple[int, float]:
-    """Of the strongly decaying heads in ``decays`` (pairs of cumulative decays ``S`` (b, R, h,
-    L) and ``wide`` masks (b, R, h)): how many, and which share of their strict (L, L)
-    triangles has a decay factor below the floor ``exp(EXP_FLOOR)`` (entries that are
-    negligible, clamped to the floor)."""
-    from mmdinomamba.ops.ssd_chunked_blocks import EXP_FLOOR
-    count = below = pairs = 0
-    for S, wide in decays:
-        sub = S[wide]  # (N, L): one row per (sample, direction, head)
-        length = sub.shape[-1]
-        gap = (sub[:, :, None] - sub[:, None, :]).abs().tril_(-1)
-        count += sub.shape[0]
-        below += int((gap > -EXP_FLOOR).sum())
-        pairs += sub.shape[0] * length * (length - 1) // 2
-    return count, below / max(pairs, 1)
 
 
 def _batch_for(args, res: int) -> int:
@@ -410,9 +304,7 @@ def _run_case(args, name: str, res: int, mode: str) -> dict:
            '--device', args.device, '--iters', str(args.iters), '--warmup', str(args.warmup)]
     cmd += ['--amp'] if args.amp else []
     cmd += ['--compile'] if args.compile else []
-    for name in FAST_PATH_SWITCHES:
-        cmd += [('--' if getattr(args, name) else '--no-') + name.replace('_', '-')]
-    for flag in ('with_cp', 'keep_freed_memory'):
+    for flag in ('with_cp', 'keep_freed_memory', 'recompute_merge'):
         cmd += ['--' + flag.replace('_', '-')] if getattr(args, flag) else []
     cmd += ['--chunk-size', str(args.chunk_size)] if args.chunk_size else []
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -477,20 +369,18 @@ def interleaved(args, names: list[str], res: int, mode: str) -> dict:
     where separate processes minutes apart can see different machines. The order within a
     round is reversed every other round (:func:`round_order`), so that no model always runs
     first or always after the same other one."""
-    from mmdinomamba.ops import fast_path_variant
     options, batch = build_options(args), _batch_for(args, res)
     cases = {n: _setup(n, res, mode, batch, args.device, args.compile, options) for n in names}
     times = {n: [] for n in names}
-    with fast_path_variant(**options['variant']):
-        for n, (model, optim, x) in cases.items():
-            for _ in range(args.warmup):
-                _step(model, x, mode, args.amp, optim)
-        _sync(args.device)
-        for i in range(args.interleave):
-            for n in round_order(list(cases), i):
-                model, optim, x = cases[n]
-                times[n].append(_median_step(model, optim, x, mode, args.device, args.iters,
-                                             args.amp))
+    for n, (model, optim, x) in cases.items():
+        for _ in range(args.warmup):
+            _step(model, x, mode, args.amp, optim)
+    _sync(args.device)
+    for i in range(args.interleave):
+        for n in round_order(list(cases), i):
+            model, optim, x = cases[n]
+            times[n].append(_median_step(model, optim, x, mode, args.device, args.iters,
+                                         args.amp))
     return times
 
 
@@ -520,55 +410,6 @@ def format_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
-def _switched(name: str, on: bool) -> dict:
-    """The :func:`mmdinomamba.ops.fast_path_variant` keywords that turn switch ``name`` on or
-    off (``quadratic`` stands for ``quadratic_max_len``: None or 0)."""
-    if name == 'quadratic':
-        return dict(quadratic_max_len=None if on else 0)
-    return {name: on}
-
-
-def ab(args) -> str:
-    """``--ab SWITCH``: each case of ``--archs`` / ``--res`` / ``--modes`` set up once in this
-    process and run with the fast-path switch on and off in turn (on first in even rounds, off
-    first in odd ones: :func:`round_order`), ``--iters`` steps each, over
-    ``--interleave`` rounds (10 if not given), after ``--warmup`` steps each way; returns per
-    case the median step time each way and the speed ratio on / off (the median of the
-    rounds' ratios, its 95% confidence interval and their range). The other switches stay as
-    the command line sets them."""
-    from mmdinomamba.ops import fast_path_variant
-    options, rounds = build_options(args), args.interleave or 10
-    steps = f'{args.iters} step' + ('s' if args.iters != 1 else '')
-    lines = [f'--ab {args.ab}: on / off alternating in one process, {rounds} rounds of {steps} '
-             f'each way, threads={torch.get_num_threads()}']
-    for name in args.archs:
-        for res in args.res:
-            for mode in args.modes:
-                batch = _batch_for(args, res)
-                model, optim, x = _setup(name, res, mode, batch, args.device, args.compile,
-                                         options)
-                times = {True: [], False: []}
-                for count, record in ((args.warmup, False), (rounds, True)):
-                    for i in range(count):
-                        for on in round_order([True, False], i):
-                            with fast_path_variant(**{**options['variant'],
-                                                      **_switched(args.ab, on)}):
-                                t = _median_step(model, optim, x, mode, args.device,
-                                                 args.iters if record else 1, args.amp)
-                            if record:
-                                times[on].append(t)
-                # off's step time over on's, as paired_ratio takes a model's against its ref
-                speed = paired_ratio({'on': times[True], 'off': times[False]}, 'on', 'off')
-                ratios = speed['speed_ratio_rounds']
-                lines.append(f'{name} {res}px {mode} batch {batch}: '
-                             f'on {statistics.median(times[True]) * 1e3:.1f} ms, '
-                             f'off {statistics.median(times[False]) * 1e3:.1f} ms a step; '
-                             f'speed on / off {speed["speed_ratio"]:.3f} x '
-                             f'(95% CI {interval_text(speed["speed_ratio_ci"], 3)}, '
-                             f'rounds {interval_text((min(ratios), max(ratios)), 3)})')
-    return '\n'.join(lines)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--archs', nargs='+', default=list(DEFAULT_ARCHS), choices=list(ARCHS))
@@ -592,11 +433,9 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', action='store_true', help='torch.compile each model')
-    for name, what in FAST_PATH_SWITCHES.items():
-        default = switch_default(name)
-        parser.add_argument(f'--{name.replace("_", "-")}', action=argparse.BooleanOptionalAction,
-                            default=default,
-                            help=f'DinoVim/MambaReg: {what}; default: {"on" if default else "off"}')
+    parser.add_argument('--recompute-merge', action='store_true',
+                        help='DinoVim/MambaReg on CUDA: recompute the merged output in the '
+                        'backward pass (BiSSD(recompute_merge=True); less memory)')
     parser.add_argument('--chunk-size', type=int,
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
@@ -614,12 +453,8 @@ def parse_args(argv=None):
                         'the most expensive operators, e.g. --profile dinovim-b 224 train')
     parser.add_argument('--trace', help='with --profile: also write a Chrome trace here')
     parser.add_argument('--breakdown', nargs=3, metavar=('ARCH', 'RES', 'MODE'),
-                        help="instead of the table: time the pieces of BiSSD's CPU fast path "
+                        help="instead of the table: time the pieces of BiSSD's CPU kernels "
                         'inside whole steps of one case, e.g. --breakdown dinovim-t 224 fwd+bwd')
-    parser.add_argument('--ab', choices=list(FAST_PATH_SWITCHES), metavar='SWITCH',
-                        help='instead of the table: each case with this fast-path switch on and '
-                        'off, alternating in one process (--interleave rounds, default 10), and '
-                        'the speed ratio on / off, e.g. --ab fused_products')
     parser.add_argument('--one', nargs=3, metavar=('ARCH', 'RES', 'MODE'), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -631,8 +466,8 @@ def main(argv=None) -> None:
     if args.interleave < 0:
         sys.exit(f'--interleave must be >= 0, got {args.interleave}')
     # in this process: the one case measured, or the interleaved rounds
-    if args.keep_freed_memory and (args.one or args.profile or args.breakdown or args.interleave
-                                   or args.ab):
+    if args.keep_freed_memory and (args.one or args.profile or args.breakdown
+                                   or args.interleave):
         from mmdinomamba.ops import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     if args.profile:
@@ -640,9 +475,6 @@ def main(argv=None) -> None:
         return
     if args.breakdown:
         print(breakdown(args))
-        return
-    if args.ab:
-        print(ab(args))
         return
     if args.one:
         name, res, mode = args.one
@@ -653,7 +485,7 @@ def main(argv=None) -> None:
     print(f'device={args.device} batch={args.batch} iters={args.iters} rounds={args.rounds} '
           f'interleave={args.interleave} amp={args.amp} '
           f'compile={args.compile} '
-          + ''.join(f'{n}={getattr(args, n)} ' for n in FAST_PATH_SWITCHES) +
+          f'recompute_merge={args.recompute_merge} '
           f'with_cp={args.with_cp} keep_freed_memory={args.keep_freed_memory} '
           f'chunk_size={args.chunk_size or "default"} '
           f'threads={torch.get_num_threads()}')

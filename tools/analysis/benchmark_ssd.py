@@ -15,16 +15,14 @@ of ``--repeats`` calls after that first call (wall clock; CUDA synchronized).
 Implementations:
 
 * ``portable``: ``mmdinomamba.ops.ssd_scan(..., backend='torch')`` (chunks of 32, hand-written
-  backward; on CPU the native kernels where they are built, else the PyTorch ops: set
-  ``MMDINOMAMBA_NATIVE_CPU=0`` to time those);
+  backward; on CPU the native kernels where they are built, else the PyTorch reference: set
+  ``MMDINOMAMBA_KERNELS=0`` to time that);
 * ``minimal-<block>``: the 4-step segsum algorithm of mamba_ssm's ``ssd_minimal.py``
   (re-written here): per-head B/C, L padded to a multiple of the block, 5-D einsums and a
   (chunks+1)^2 segsum for the state passing; autograd for the backward;
 * ``triton`` (CUDA only): ``mamba_chunk_scan_combined`` when mamba_ssm imports;
-* with ``--quadratic``: ``quadratic``, the quadratic ("attention-like") form of the CPU fast path
-  for short sequences (``mmdinomamba.ops.ssd_scan_quadratic``, one causal direction), and
-  ``quadratic-full``, the same with ``fast_path_variant(triangle_blocks=False)`` (full (L, L)
-  products instead of skipping their all-zero blocks).
+* with ``--quadratic``: ``quadratic``, the quadratic ("attention-like") form of the CPU kernels
+  for short sequences (``mmdinomamba.ops.ssd_scan_quadratic``, one causal direction).
 
 Inputs: batch 1, ``--heads`` heads of 64 channels, state 64, one group; ``dt = softplus(N(-2, 1))``
 (median 0.13), ``A = -U(1, 16)`` (the Mamba-2 init range), so decays span gentle to strong.
@@ -102,10 +100,6 @@ def _impl(name):
 
 def worker(case):
     """Run one case in this process; print one JSON line."""
-    if case['impl'] == 'quadratic-full':
-        from mmdinomamba.ops import fast_path_variant
-        with fast_path_variant(triangle_blocks=False):  # the backward pass too
-            return _measure(case)
     return _measure(case)
 
 
@@ -197,7 +191,7 @@ def report(device, args):
     """Run and print all cases of one device."""
     impls = ['portable'] + [f'minimal-{b}' for b in args.ref_blocks]
     impls += ['triton'] if device == 'cuda' else []
-    impls += ['quadratic', 'quadratic-full'] if args.quadratic else []
+    impls += ['quadratic'] if args.quadratic else []
     print(f'\nSSD scan, batch 1, {args.heads} heads x 64, state 64, device {device}, '
           f'threads {args.threads}, keep freed memory {args.keep_freed_memory}; peak = ' +
           ('CUDA max_memory_allocated growth' if device == 'cuda' else 'ru_maxrss growth'))

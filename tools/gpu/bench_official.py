@@ -53,7 +53,7 @@ def official_factory(repo: str, arch: str):
         raise SystemExit(f'bench_official: the official model needs {", ".join(missing)} '
                          'installed (pip install causal-conv1d timm einops; see '
                          'tools/gpu/README.md)')
-    from mmdinomamba.ops._triton import import_mamba_module
+    from mmdinomamba.ops.cuda._triton import import_mamba_module
     # mamba_ssm 2.3.2.post1 without its CUDA build: make its kernel modules importable first
     import_mamba_module('mamba_ssm.ops.triton.ssd_combined')
     sys.path.insert(0, osp.abspath(repo))

@@ -13,6 +13,7 @@ directions vs two, fused conv / merge kernels vs separate ops, conv recomputed o
 peak memory). Exits with status 0 and a note when CUDA is not available, 1 when a check fails.
 """
 import argparse
+import contextlib
 import os.path as osp
 import sys
 
@@ -102,7 +103,7 @@ def timeit(fn, repeats=20):
 
 def timings(quick):
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import fast_path_variant, ssd_scan
+    from mmdinomamba.ops import reference_ops, ssd_scan
     cases = [(64, 197, 48), (4, 4097, 48)] if not quick else [(8, 197, 16)]
     for batch, length, heads in cases:
         args = [
@@ -118,28 +119,23 @@ def timings(quick):
                   f'{ms:8.2f} ms')
     m = BiSSD(768).cuda()
     x = torch.randn(64 if not quick else 8, 197, 768, device='cuda', requires_grad=True)
-    variants = (  # single_scan, fused_conv, fused_merge, recompute_conv, recompute_merge
-        (True, True, True, True, True), (True, True, True, True, False),
-        (True, True, True, False, False), (True, False, True, False, False),
-        (True, True, False, True, False), (True, False, False, False, False),
-        (False, True, True, False, False))
-    for single, conv, merge, recompute, recompute_merge in variants:
+    for recompute_merge in (False, True):  # the default path; the merge recomputed
+        m.recompute_merge = recompute_merge
 
         def step():
             with torch.autocast('cuda', dtype=torch.bfloat16):
                 m(x).float().sum().backward()
 
-        with fast_path_variant(single_scan=single, fused_conv=conv, fused_merge=merge,
-                               recompute_conv=recompute, recompute_merge=recompute_merge):
-            ms = timeit(step)
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            step()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 single_scan={single} '
-              f'fused_conv={conv} fused_merge={merge} recompute_conv={recompute} '
-              f'recompute_merge={recompute_merge}: '
-              f'{ms:8.2f} ms, peak {peak:7.1f} MiB')
+        for name, mode in (('kernels', contextlib.nullcontext), ('reference', reference_ops)):
+            with mode():
+                ms = timeit(step)
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            print(f'BiSSD-B layer fwd+bwd B={x.shape[0]} L=197 {name} '
+                  f'recompute_merge={recompute_merge}: {ms:8.2f} ms, peak {peak:7.1f} MiB')
+    m.recompute_merge = False
     for chunk in (64, 128, 256):
         m.chunk_size = chunk
 
@@ -158,7 +154,7 @@ def main():
     if not torch.cuda.is_available():
         print('gpu_check: CUDA is not available; nothing to check.')
         return 0
-    from mmdinomamba.ops._triton import chunk_scan_fn
+    from mmdinomamba.ops.cuda._triton import chunk_scan_fn
     if chunk_scan_fn() is None:
         print('gpu_check: mamba_ssm Triton kernels not importable; only the portable path runs.')
         return 0

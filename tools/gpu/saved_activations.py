@@ -1,14 +1,13 @@
-"""Bytes of activations autograd keeps per layer and token, for each fast-path variant of BiSSD.
+"""Bytes of activations autograd keeps per layer and token, for each memory setting of BiSSD.
 
 Counts the distinct storages saved for backward (``torch.autograd.graph.saved_tensors_hooks``)
 during one training forward in bf16 autocast, and isolates what one layer keeps per image from
 four runs (1 and 2 layers x batch 1 and 2), so parameters, their bf16 casts and the stem cancel
 out. Divided by the number of tokens it gives bytes per layer and token; times layers x batch x
 tokens it projects a model's activation memory (without the optimizer, parameters and
-workspace). Variants: ``recompute`` (fused conv, fused merge, conv and merged output
-recomputed in backward: the least memory), ``keep-merge`` (the default CUDA path: merged output
-kept), ``keep`` (conv output and merged output kept), ``unfused`` (flip / cat / conv and two
-separate gated norms), ``portable`` (the PyTorch specification).
+workspace). Variants: ``recompute`` (``BiSSD(recompute_merge=True)``: the merged output
+recomputed in backward, the least memory), ``keep-merge`` (the default: merged output kept),
+``portable`` (the reference, ``reference_ops()``).
 
 On a GPU it measures the real CUDA path. Without one, ``--interpret`` runs the same kernels on
 CPU under Triton's interpreter (``tests/kernel_interpreter.py``; slow, so use a small ``--res``:
@@ -24,12 +23,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-VARIANTS = {
+VARIANTS = {  # BiSSD arguments, or None: the reference
     'recompute': dict(recompute_merge=True),
     'keep-merge': dict(recompute_merge=False),
-    'keep': dict(recompute_conv=False, recompute_merge=False),
-    'unfused': dict(recompute_conv=False, recompute_merge=False, fused_conv=False,
-                    fused_merge=False),
     'portable': None,
 }
 WIDTHS = dict(t=256, s=512, b=768)
@@ -55,12 +51,12 @@ def per_layer_image(arch: str, res: int, variant: str, device: str) -> int:
     import torch
 
     from mmdinomamba.models.backbones import DinoVim
-    from mmdinomamba.ops import fast_path_variant, portable_ops
+    from mmdinomamba.ops import reference_ops
     got = {}
     for layers in (1, 2):
         torch.manual_seed(0)
         model = DinoVim(arch=dict(embed_dims=WIDTHS[arch], num_layers=layers),
-                        drop_path_rate=0.).to(device)
+                        mixer_cfg=VARIANTS[variant] or {}, drop_path_rate=0.).to(device)
         for batch in (1, 2):
             x = torch.randn(batch, 3, res, res, device=device)
 
@@ -69,11 +65,10 @@ def per_layer_image(arch: str, res: int, variant: str, device: str) -> int:
                     model(x)[0].float().sum()
 
             if VARIANTS[variant] is None:
-                with portable_ops():
+                with reference_ops():
                     got[layers, batch] = saved_bytes(step)
             else:
-                with fast_path_variant(**VARIANTS[variant]):
-                    got[layers, batch] = saved_bytes(step)
+                got[layers, batch] = saved_bytes(step)
     return got[2, 2] - got[2, 1] - got[1, 2] + got[1, 1]
 
 

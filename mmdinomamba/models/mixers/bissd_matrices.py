@@ -3,13 +3,26 @@ import torch
 from torch import Tensor
 
 from mmdinomamba.ops import ssd_decay_matrix, ssd_mixing_matrix
+from mmdinomamba.ops.reference.mixer import conv_scan_inputs
 
 __all__ = ['BiSSDMatrices']
 
 
 class BiSSDMatrices:
     """Mixing matrices of a bidirectional Mamba-2 mixer, built from the specification's scan
-    problem of both directions (``_project`` and ``_scan_inputs`` of the mixer)."""
+    problem of both directions (the reference's conv)."""
+
+    def _scan_inputs(self, xBC: Tensor, dt: Tensor) -> tuple:
+        """Both directions as one SSD problem of 2*nheads heads and 2*ngroups groups: ``u``
+        (B, L, 2h, p), ``dt`` (B, L, 2h) after softplus, ``A`` (2h,), ``B``, ``C`` (B, L, 2g,
+        n) and ``D`` (2h,); heads ``[h, 2h)`` are the backward direction on the flipped
+        sequence."""
+        dt_bias, A, D, _ = self._direction_params()
+        ct = torch.promote_types(dt.dtype, torch.float32)
+        u, dt, Bm, Cm = conv_scan_inputs(xBC, *self._conv_params(), torch.cat([dt, dt.flip(1)], -1),
+                                         dt_bias.flatten(), self.dims.splits, self.headdim,
+                                         self.d_state)
+        return u, dt, A.flatten().to(ct), Bm, Cm, D.flatten()
 
     def _problem(self, x: Tensor) -> tuple:
         """``z`` and the scan problem of both directions for the analysis methods."""

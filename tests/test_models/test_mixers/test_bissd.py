@@ -1,4 +1,5 @@
 """BiSSD: both directions used, mixing matrices exact, official parameter names and counts."""
+import contextlib
 import importlib.util
 import textwrap
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import fast_path_variant, ssd_mixing_matrix
+from mmdinomamba.ops import reference_ops, ssd_mixing_matrix, ssd_scan
 
 DIM, L = 32, 23
 TINY = dict(embed_dims=DIM, d_state=8, headdim=8, chunk_size=16)
@@ -63,21 +64,12 @@ def test_parameter_count_matches_official_formula(d_model, expected_layer, expec
     assert abs(24 * (count + d_model) + trunk - expected_total) < 0.005e6
 
 
-@pytest.mark.parametrize('backend', ['torch', 'ref'])
-def test_single_scan_equals_two_scans(backend):
-    m = _mixer(backend=backend, fast_path=False)
-    x = torch.randn(2, L, DIM, dtype=torch.float64)
-    y1 = m(x)
-    with fast_path_variant(single_scan=False):
-        torch.testing.assert_close(m(x), y1, rtol=1e-12, atol=1e-12)
-
-
 def test_mixing_matrices_reproduce_each_direction():
     m = _mixer()
     x = torch.randn(2, L, DIM, dtype=torch.float64)
     mats = m.mixing_matrices(x)
     h = m.num_heads
-    y = m._scan(*m._scan_inputs(*m._project(x)[1:]))
+    y = ssd_scan(*m._scan_inputs(*m._project(x)[1:]))
     torch.testing.assert_close(_apply(mats['forward'], mats['value_forward']), y[:, :, :h])
     torch.testing.assert_close(
         _apply(mats['backward'], mats['value_backward']), y[:, :, h:].flip(1))
@@ -148,17 +140,14 @@ def test_portable_backend_matches_reference_backend():
     torch.testing.assert_close(m(x), y, rtol=1e-10, atol=1e-10)
 
 
-def test_strong_decay_takes_the_chunked_scan_with_the_same_result():
-    """On CPU the fast path leaves the quadratic form when too many heads decay strongly (its
-    per-head work); either way the output equals the reference recurrence."""
+def test_strong_decay_gives_the_reference_result():
+    """Every head decaying too strongly to factor (the quadratic form's per-head work): the
+    output still equals the reference recurrence."""
     m = _mixer()
     x = torch.randn(2, 120, DIM, dtype=torch.float64)
-    assert m._quadratic_pays(m.in_proj(x))
     with torch.no_grad():
         m.A_log.fill_(8.0)  # A = -e^8: every head's decay range far above FACTORED_RANGE
         m.A_log_b.fill_(8.0)
-    assert not m._quadratic_pays(m.in_proj(x))
-    assert m._quadratic_pays(m.in_proj(x[:, :96]))  # a share of at most 1 at 96 tokens
     y = m(x)
     m.backend = 'ref'
     torch.testing.assert_close(y, m(x), rtol=1e-10, atol=1e-10)
@@ -193,18 +182,18 @@ def test_cuda_mixer_matches_portable():
 
 
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.gpu)])
-@pytest.mark.parametrize('switch,rmsnorm', [('fused_conv', True), ('fused_merge', True),
-                                            ('fused_merge', False)])
-def test_fused_kernel_switches_do_not_change_the_result(device, switch, rmsnorm):
-    """On CUDA: our fused conv / merge kernel vs the composition of separate ops, whole mixer
-    with gradients; on CPU both settings take the portable path (the switch is wired, no
-    error)."""
-    m = BiSSD(64, d_state=16, headdim=16, rmsnorm=rmsnorm).to(device)
+@pytest.mark.parametrize('rmsnorm,recompute_merge', [(True, False), (False, False),
+                                                     (True, True)])
+def test_kernels_equal_the_reference(device, rmsnorm, recompute_merge):
+    """The kernels (CPU: the ``mmdinomamba::bidir_ssd`` op; CUDA: our fused conv and merge
+    around ``mamba_ssm``'s scan) vs the reference, whole mixer with gradients."""
+    m = BiSSD(64, d_state=16, headdim=16, rmsnorm=rmsnorm,
+              recompute_merge=recompute_merge).to(device)
     x = torch.randn(2, 37, 64, device=device)
     res = []
-    for fused in (True, False):
+    for kernels in (True, False):
         m.zero_grad()
-        with fast_path_variant(**{switch: fused}):
+        with contextlib.nullcontext() if kernels else reference_ops():
             y = m(x)
         y.square().mean().backward()
         res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
@@ -213,25 +202,26 @@ def test_fused_kernel_switches_do_not_change_the_result(device, switch, rmsnorm)
 
 
 _FUSED_MIXER_INTERPRETED = textwrap.dedent('''
+    import contextlib
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import fast_path_variant
+    from mmdinomamba.ops import reference_ops
     print('KERNELS', kernel_interpreter.route(mamba=False))
     calls = kernel_interpreter.count_calls('bidir_conv', 'bidir_merge')
     torch.manual_seed(0)
     worst = 0.
     for rmsnorm, ngroups in ((True, 1), (True, 2), (False, 1)):
-        m = BiSSD(64, d_state=16, headdim=16, ngroups=ngroups, rmsnorm=rmsnorm)
+        # the second mixer recomputes its merged output in the backward pass
+        m = BiSSD(64, d_state=16, headdim=16, ngroups=ngroups, rmsnorm=rmsnorm,
+                  recompute_merge=ngroups == 2)
         x = torch.randn(2, 23, 64)
         res = []
         for fused in (True, False):
             m.zero_grad()
-            # the second mixer recomputes its merged output in the backward pass
-            with fast_path_variant(fused_conv=fused, fused_merge=fused,
-                                   recompute_merge=ngroups == 2):
+            with contextlib.nullcontext() if fused else reference_ops():
                 y = m(x)
-            y.square().mean().backward()
+                y.square().mean().backward()
             res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
         for a, b in zip(*res):
             worst = max(worst, ((a - b).norm() / b.norm()).item())
@@ -253,22 +243,24 @@ def test_mixer_through_both_fused_kernels_matches_portable(run_interpreted):
 
 
 _LAZY_MERGE_INTERPRETED = textwrap.dedent('''
+    import contextlib
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import _triton, fast_path_variant, portable_ops
+    from mmdinomamba.ops import reference_ops
+    from mmdinomamba.ops.cuda import _triton
     # as on a GPU: the merge kernel is looked up (and self-checked) at its first call, which
     # comes from inside the activation checkpoint of the recomputed merge
     kernel_interpreter.route_lazily(mamba=False)
     torch.manual_seed(0)
-    m = BiSSD(64, d_state=16, headdim=16)
+    m = BiSSD(64, d_state=16, headdim=16, recompute_merge=True)
     x = torch.randn(2, 19, 64)
     res = []
     for portable in (False, True):
         m.zero_grad()
-        with portable_ops() if portable else fast_path_variant(recompute_merge=True):
+        with reference_ops() if portable else contextlib.nullcontext():
             y = m(x)
-        y.square().mean().backward()
+            y.square().mean().backward()
         res.append([y.detach()] + [p.grad.clone() for p in m.parameters()])
     print('MERGE', _triton._cache.get('bidir_merge') is not None)
     print('WORST', max(((a - b).norm() / b.norm()).item() for a, b in zip(*res)))
@@ -290,7 +282,7 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     import torch
     import kernel_interpreter
     from mmdinomamba.models.mixers import BiSSD
-    from mmdinomamba.ops import fast_path_variant, portable_ops
+    from mmdinomamba.ops import reference_ops
     from repo_files import load_file
     print('KERNELS', kernel_interpreter.route())
     saved_bytes = load_file('tools/gpu/saved_activations.py').saved_bytes
@@ -299,27 +291,25 @@ _RECOMPUTE_INTERPRETED = textwrap.dedent('''
     m = BiSSD(64, d_state=16, headdim=16, chunk_size=16)
     x = torch.randn(1, 21, 64, requires_grad=True)
     res, mem = [], {}
-    for mode in ('recompute', 'keep', 'portable'):
+    for mode in ('recompute', 'portable'):
         m.zero_grad()
         x.grad = None
         out = {}
-        with portable_ops() if mode == 'portable' else contextlib.nullcontext(), \
-                fast_path_variant(recompute_conv=mode == 'recompute'):
+        with reference_ops() if mode == 'portable' else contextlib.nullcontext():
             mem[mode] = saved_bytes(lambda: out.update(y=m(x)))
             out['y'].square().mean().backward()
         y = out['y']
         res.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])
-    print('WORST', max(((a - b).norm() / b.norm()).item() for r in res[:2]
-                       for a, b in zip(r, res[2])))
+    print('WORST', max(((a - b).norm() / b.norm()).item() for a, b in zip(*res)))
     conv_bytes = 21 * 2 * (128 + 2 * 16) * 4  # (B, L, 2 * (d_inner + 2 * d_state)) float32
-    print('SAVED', mem['keep'] - mem['recompute'], conv_bytes)
+    print('SAVED', mem['portable'] - mem['recompute'], conv_bytes)
 ''')
 
 
 def test_conv_recomputation_keeps_less_and_computes_the_same(run_interpreted):
     """The kernel path with the conv recomputed in backward (mamba_ssm's scan and our conv
-    kernel in one autograd function, Triton's CPU interpreter) vs keeping the conv output vs
-    the portable path: same output and gradients; autograd keeps at least the conv output's
+    kernel in one autograd function, Triton's CPU interpreter) vs the reference (which keeps
+    the conv output): same output and gradients; autograd keeps at least the conv output's
     bytes less."""
     if importlib.util.find_spec('mamba_ssm') is None:
         pytest.skip('needs mamba_ssm (installed by tools/setup_env.sh)')
@@ -330,22 +320,22 @@ def test_conv_recomputation_keeps_less_and_computes_the_same(run_interpreted):
     assert less >= conv_bytes, (less, conv_bytes)
 
 
-@pytest.mark.parametrize('single_scan', [True, False])
-def test_each_direction_is_exact_against_the_forward_pass(single_scan):
+def test_each_direction_is_exact_against_the_forward_pass(monkeypatch):
     """``M_dir @ value_dir`` equals the scan output that ``forward`` itself feeds into the gated
-    norms (captured at the merge of the specification, ``fast_path=False``), per direction; the
-    public API needs no private method."""
-    m = _mixer(fast_path=False)
+    norms (captured at the merge of the reference), per direction; the public API needs no
+    private method."""
+    from mmdinomamba.ops.reference import mixer
+    m = _mixer()
     x = torch.randn(2, L, DIM, dtype=torch.float64)
     seen = {}
-    merge = m._merge_out
+    merge = mixer.bidir_gated_merge_ref
 
-    def capture(y, z):
+    def capture(y, z, *args):
         seen['y'], seen['z'] = y, z
-        return merge(y, z)
+        return merge(y, z, *args)
 
-    m._merge_out = capture
-    with fast_path_variant(single_scan=single_scan):
+    monkeypatch.setattr(mixer, 'bidir_gated_merge_ref', capture)
+    with reference_ops():
         out = m(x)
     mats = m.mixing_matrices(x)
     h, p = m.num_heads, m.headdim

@@ -1,7 +1,7 @@
 """Triton kernels of :func:`mmdinomamba.ops.bidir_causal_conv1d` (forward and backward).
 
 Imported only on first CUDA use (``_triton.bidir_conv_fn``), never at package import. Tested on
-CPU through Triton's interpreter (``TRITON_INTERPRET=1``) against the portable implementation
+CPU through Triton's interpreter (``TRITON_INTERPRET=1``) against the reference
 (``tests/test_ops/test_bidir_conv.py``), and on a GPU by the ``gpu``-marked tests.
 
 Index maps (``K`` taps, direction ``d``, output time ``t`` in the direction's own order):
@@ -205,10 +205,10 @@ def bidir_causal_conv(x, weight, bias, splits, act):
 
 
 def self_check(device='cuda') -> None:
-    """Run forward and backward once on a small float32 input and compare with the portable
-    implementation; raises if the kernel does not compile or disagrees."""
+    """Run forward and backward once on a small float32 input and compare with the
+    reference; raises if the kernel does not compile or disagrees."""
     from ._triton import compare_with_reference
-    from .bidir_conv import bidir_causal_conv1d_portable
+    from ..reference.conv import bidir_causal_conv1d_ref as bidir_causal_conv1d_portable
     gen = torch.Generator().manual_seed(0)
     inputs = [torch.randn(*s, generator=gen).to(device) for s in ((2, 37, 40), (2, 40, 4), (2, 40))]
     go = torch.randn(2, 37, 80, generator=gen).to(device)

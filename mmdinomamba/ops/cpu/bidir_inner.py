@@ -8,51 +8,29 @@ gated RMSNorm and their average.
 Everything runs channel-major in the original token order (the backward direction is
 anti-causal there), so nothing is flipped, concatenated or normalized twice, and the backward
 pass is written by hand: it keeps the projection, the scan's product and small state, and
-(with the native kernels, unless ``fast_path_variant(recompute_conv_cpu=True)``) the conv's
-output, and recomputes the rest (the scan's per-head matrices are cheaper to rebuild than to
-keep; the quadratic form's output is rebuilt tile by tile inside the merge's native backward
+(with the native kernels) the conv's output, and recomputes the rest (the scan's per-head
+matrices are cheaper to rebuild than to keep; the quadratic form's output is rebuilt tile by tile inside the merge's native backward
 kernel; the recurrence keeps its output alone and recomputes its states; with ``out_proj``
 inside, the merged output is rebuilt by the merge's backward pass).
 
-The specification is the composition of :func:`~mmdinomamba.ops.bidir_causal_conv1d`,
-:func:`~mmdinomamba.ops.ssd_scan` and :func:`~mmdinomamba.ops.bidir_gated_merge`
-(``BiSSD(fast_path=False)``); the tests compare outputs and every gradient.
+Its specification is :func:`~mmdinomamba.ops.reference.bidir_mixer_ref`; the tests compare
+outputs and every gradient. :mod:`.custom_ops` registers :func:`forward` and :func:`backward`
+as the ``mmdinomamba::bidir_ssd`` op.
 """
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.profiler import record_function
 
+from ..reference.mixer import InnerDims
 from . import native_cpu
 from .shift_conv import bidir_conv_backward, bidir_conv_forward, pad_channel_major
 from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
-from .variants import current_variant, fast_path_variant
 
-__all__ = ['InnerDims', 'bidir_ssd_inner']
+__all__ = ['forward', 'backward', 'kept_layout', 'SLICE_FLOATS']
 
 #: the most conv outputs (both directions) one batch slice of the CPU fast path works on at once
-_SLICE_FLOATS = 1 << 21
-
-
-@dataclass(frozen=True)
-class InnerDims:
-    """Sizes of a bidirectional mixer: ``d_inner``, ``ngroups``, ``d_state``, ``headdim``,
-    the conv ``kernel`` and the RMSNorm ``eps``."""
-    d_inner: int
-    ngroups: int
-    d_state: int
-    headdim: int
-    kernel: int
-    eps: float = 1e-5
-
-    @property
-    def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.ngroups * self.d_state
-
-    @property
-    def nheads(self) -> int:
-        return self.d_inner // self.headdim
+SLICE_FLOATS = 1 << 21
 
 
 def _channel_major(t: Tensor, dtype: torch.dtype, native: bool = False) -> Tensor:
@@ -164,39 +142,62 @@ def merge_backward(dm: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, dims
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
-                   dims: InnerDims, native: bool, out: Tensor | None = None,
-                   keep_conv: bool = False) -> tuple[Tensor, list]:
+                   dims: InnerDims, native: bool, out: Tensor | None = None) -> tuple[Tensor, list]:
     """Mixed output (b, L, d) in the compute dtype (written into ``out`` if that has it) and
-    what the backward pass needs (``keep_conv``, with ``native``: the conv's output too, which
-    the backward pass recomputes otherwise)."""
+    what the backward pass needs (with ``native``, the conv's output too, which the backward
+    pass recomputes otherwise; :func:`kept_layout`)."""
     ct = torch.promote_types(proj.dtype, torch.float32)
-    act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
+    with record_function('bidir_ssd.conv'):
+        act = _conv(proj, conv_weight, conv_bias, dims, ct, native)[2]
     u, Bm, Cm = _split_conv(act, dims)
     if _use_recurrent(dims, native):  # the scan by its recurrence: keeps its output alone
-        dt = native_cpu.scan_steps(_tokens(proj[..., -dims.nheads:], ct), dt_bias.to(ct))
-        y = native_cpu.recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
+        with record_function('bidir_ssd.scan'):
+            dt = native_cpu.scan_steps(_tokens(proj[..., -dims.nheads:], ct), dt_bias.to(ct))
+            y = native_cpu.recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
         out = _merged(proj, y, norm_weight, dims, ct, out, native)
-        return out, [dt, y, act if keep_conv else None]
-    if native:  # dt and the scan's factors in one native pass
-        dt, *factors = native_cpu.scan_factors(_tokens(proj[..., -dims.nheads:], ct),
-                                               dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
-    else:
-        dt, factors = softplus(_dt(proj, dt_bias, dims, ct)), None
-    y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native, factors)
+        return out, [dt, y, act]
+    with record_function('bidir_ssd.scan'):
+        if native:  # dt and the scan's factors in one native pass
+            dt, *factors = native_cpu.scan_factors(_tokens(proj[..., -dims.nheads:], ct),
+                                                   dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
+        else:
+            dt, factors = softplus(_dt(proj, dt_bias, dims, ct)), None
+        y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), native, factors)
     out = _merged(proj, y, norm_weight, dims, ct, out, native)
-    # keep the scan's (b, R, g, r p, L) product and its small state, and the conv's output
-    # or nothing of it (recomputed)
+    # keep the scan's (b, R, g, r p, L) product (the wide heads' parts in their slots, which
+    # the product leaves unused) and its small state, and the conv's output or nothing of it
+    # (recomputed): a layout fixed by the sizes, whatever the data
+    if st.y_wide is not None:
+        _store_wide(st.ys.view(u.shape), st.y_wide, st.wide)
     return out, [dt, st.S, st.row, st.col, st.wide, st.cb, st.cb_diag, st.diag, st.ys,
-                 st.y_wide, act if keep_conv and native else None]
+                 act if native else None]
+
+
+def _store_wide(ys: Tensor, parts: Tensor, wide: Tensor) -> None:
+    """Writes the wide heads' parts (N, p, L) (:func:`.ssd_quadratic_heads.add_saved`'s order)
+    into their slots of ``ys`` (b, R, h, p, L), where the factored product is zero (their
+    ``row`` and ``col`` scales are zero, so nothing reads those slots otherwise)."""
+    start = 0
+    for r in range(wide.shape[1]):
+        count = int(wide[:, r].sum())
+        ys[:, r][wide[:, r]] = parts[start:start + count]
+        start += count
+
+
+def _load_wide(ys: Tensor, wide: Tensor) -> Tensor | None:
+    """The parts :func:`_store_wide` wrote (None when no head is wide)."""
+    if not wide.any():
+        return None
+    return torch.cat([ys[:, r][wide[:, r]] for r in range(wide.shape[1])])
 
 
 def _use_recurrent(dims: InnerDims, native: bool) -> bool:
-    """Whether the native kernels scan by the recurrence (heads they take, and the variant's
-    ``recurrent_scan``) instead of the quadratic form."""
-    return (native and current_variant().recurrent_scan
-            and native_cpu.recurrent_fits(dims.d_state, dims.headdim))
+    """Whether the native kernels scan by the recurrence (heads they take) instead of the
+    quadratic form."""
+    return native and native_cpu.recurrent_fits(dims.d_state, dims.headdim)
 
 
+@record_function('bidir_ssd.merge')
 def _merged(proj: Tensor, y: Tensor, norm_weight: Tensor | None, dims: InnerDims,
             dtype: torch.dtype, out: Tensor | None, native: bool) -> Tensor:
     """The merge of the scan's output ``y`` (b, 2, h, p, L), written into ``out`` if that has
@@ -245,7 +246,7 @@ def _conv_backward(dparts: list[Tensor], x: Tensor, pre: Tensor | None, conv_wei
     return dweight, dbias
 
 
-def _use_native(proj: Tensor, dims: InnerDims) -> bool:
+def use_native(proj: Tensor, dims: InnerDims) -> bool:
     """Whether this call runs the conv, the merge and the scan's strongly decaying heads in the
     native CPU kernels (:func:`.native_cpu.use_for`)."""
     return 2 <= dims.kernel <= 4 and native_cpu.use_for(proj)
@@ -260,25 +261,32 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
     dt, *st, act = kept
     recurrent = len(st) == 1  # the recurrence's output, or the quadratic form's state
-    st = st[0] if recurrent else ScanState(*st)
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
-    xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native, act)
+    with record_function('bidir_ssd.conv'):
+        xin, pre, act = _conv(proj, conv_weight, conv_bias, dims, ct, native, act)
     u, Bm, Cm = _split_conv(act, dims)
+    st = st[0] if recurrent else ScanState(*st, _load_wide(st[-1].view(u.shape), st[3]))
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
     dm, z, dz = _tokens(dout, ct), _tokens(proj[..., :d], ct), grad[..., :d]
-    if recurrent:
-        dy, dnorm = merge_backward(dm, st.flatten(2, 3), z, norm_weight, dims, dz, native, mixed)
-    else:
-        dy, dnorm = _merge_backward_of_scan(st, u, dm, z, norm_weight, dims, dz, native, mixed)
+    with record_function('bidir_ssd.merge'):
+        if recurrent:
+            dy, dnorm = merge_backward(dm, st.flatten(2, 3), z, norm_weight, dims, dz, native,
+                                       mixed)
+        else:
+            dy, dnorm = _merge_backward_of_scan(st, u, dm, z, norm_weight, dims, dz, native,
+                                                mixed)
     dy = dy.unflatten(2, (-1, dims.headdim))
-    if recurrent:
-        du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm, Cm,
-                                                                      D.to(ct))
-    else:
-        du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True, native)
-    dweight, dbias = _conv_backward([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)], xin,
-                                    pre, conv_weight, conv_bias, grad[..., d:d + c])
+    with record_function('bidir_ssd.scan'):
+        if recurrent:
+            du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm,
+                                                                          Cm, D.to(ct))
+        else:
+            du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True,
+                                                    native)
+    with record_function('bidir_ssd.conv'):
+        dweight, dbias = _conv_backward([du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)],
+                                        xin, pre, conv_weight, conv_bias, grad[..., d:d + c])
     ddt_in = torch.ops.aten.softplus_backward(ddt, _dt(proj, dt_bias, dims, ct), 1.0, 20.0)
     grad[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     if grad is not dproj:
@@ -290,12 +298,12 @@ def _merge_backward_of_scan(st: ScanState, u: Tensor, dm: Tensor, z: Tensor,
                             weight: Tensor | None, dims: InnerDims, dz: Tensor, native: bool,
                             out: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """:func:`merge_backward` of the quadratic scan's output ``st.output(u)``: with the native
-    kernels and the variant's ``fused_output``, rebuilt tile by tile inside the merge's kernel
+    kernels, rebuilt tile by tile inside the merge's kernel
     (:func:`.native_cpu.merge_backward_scan`), never written whole; else written first.
     ``st.y_wide`` is None exactly when no head is wide (:func:`.ssd_quadratic.scan_forward`)."""
     ys, outs = st.ys.view(u.shape), [] if out is None else [out]
     flat = [st.row, st.diag] + ([] if st.y_wide is None else [st.y_wide])
-    if (native and weight is not None and current_variant().fused_output
+    if (native and weight is not None
             and native_cpu.tokens_fit(u.dtype, dm, z, dz, *outs)
             and native_cpu.fused_fit([ys, u], flat)):
         dy, dweight = native_cpu.merge_backward_scan(dm, ys, st.row, u, st.diag, st.wide,
@@ -307,74 +315,87 @@ def _merge_backward_of_scan(st: ScanState, u: Tensor, dm: Tensor, z: Tensor,
 
 
 def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:
-    """Near-equal batch slices of at most ``_SLICE_FLOATS`` conv outputs each (one sample at
+    """Near-equal batch slices of at most ``SLICE_FLOATS`` conv outputs each (one sample at
     least): they bound the (b, 2, C, L) temporaries, while every slice costs a pass of the
     whole function's small operations, so there are as few as the bound allows (the demo's
     step and DinoVim-T at 224 px with batch 8 run one slice; docs/results.md)."""
     batch, length = proj.shape[:2]
     per_sample = 2 * dims.conv_dim * length
-    count = min(batch, max(1, -(-batch * per_sample // _SLICE_FLOATS)))
+    count = min(batch, max(1, -(-batch * per_sample // SLICE_FLOATS)))
     bounds = [round(i * batch / count) for i in range(count + 1)]
     return [slice(i, j) for i, j in zip(bounds, bounds[1:])]
 
 
-class _BidirInner(torch.autograd.Function):
-    """:func:`bidir_ssd_inner` with a hand-written backward pass, slice by slice of the batch."""
+def kept_layout(proj_shape, dims: InnerDims, native: bool) -> list[tuple]:
+    """``(shape, dtype kind)`` of what :func:`forward` keeps, slice by slice (dtype kind:
+    'ct' the compute dtype, 'f64', 'bool'; ``(0,)``: nothing kept), fixed by the sizes."""
+    b_all, length = proj_shape[:2]
+    h, p, g, n, c = dims.nheads, dims.headdim, dims.ngroups, dims.d_state, dims.conv_dim
+    layout = []
+    for sl in _batch_slices(torch.empty(proj_shape, device='meta'), dims):
+        b = sl.stop - sl.start
+        act = ((b, 2, c, length), 'ct') if native else ((0, ), 'ct')
+        if _use_recurrent(dims, native):
+            layout += [((b, 2, h, length), 'ct'), ((b, 2, h, p, length), 'ct'), act]
+            continue
+        plane = ((b, 2, h, length), 'ct')
+        layout += [plane, ((b, 2, h, length), 'f64'), plane, plane, ((b, 2, h), 'bool'),
+                   ((b, 2, g, length, length), 'ct'), ((b, 2, g, length), 'ct'), plane,
+                   ((b, 2, g, h // g * p, length), 'ct'), act]
+    return layout
 
-    @staticmethod
-    def forward(ctx, proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, out_weight,
-                out_bias, dims):
-        params = [conv_weight, conv_bias, dt_bias, A, D, norm_weight]
-        out = proj.new_empty(*proj.shape[:2], dims.d_inner)
-        slices, kept = _batch_slices(proj, dims), []
-        native = _use_native(proj, dims)
-        keep_conv = not current_variant().recompute_conv_cpu
-        for sl in slices:
-            target = out[sl]
-            out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, target, keep_conv)
-            if out_sl is not target:  # computed in another dtype
-                target.copy_(out_sl)
-            kept += kept_sl
-        if any(ctx.needs_input_grad):  # not the mixed output: the backward pass rebuilds it
-            ctx.save_for_backward(proj, *params, out_weight, *kept)
-        ctx.dims, ctx.slices, ctx.native = dims, slices, native
-        ctx.out_bias = out_bias is not None
-        return out if out_weight is None else F.linear(out, out_weight, out_bias)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dres):
-        saved = ctx.saved_tensors  # once: checkpointing unpacks each saved tensor only once
-        proj, params, out_weight, kept = saved[0], saved[1:7], saved[7], saved[8:]
-        per = len(kept) // len(ctx.slices)
-        dproj, total = torch.empty_like(proj), None
-        with torch.autocast(device_type=proj.device.type, enabled=False):
-            dout, mixed = dres, None
-            if out_weight is not None:  # through the output projection
-                dout = torch.matmul(dres, out_weight)
-                mixed = torch.empty(dout.shape, dtype=dout.dtype)  # proj's dtype (checked)
-            for i, sl in enumerate(ctx.slices):
-                grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
-                                        ctx.dims, dproj[sl], ctx.native,
-                                        None if mixed is None else mixed[sl])
-                total = grads if total is None else [
-                    None if t is None else t + g for t, g in zip(total, grads)]
-            dw_out = db_out = None
-            if out_weight is not None:
-                flat = dres.reshape(-1, dres.shape[-1])
-                dw_out = flat.t().matmul(mixed.view(-1, mixed.shape[-1]))
-                db_out = flat.sum(0) if ctx.out_bias else None
-        return (dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],
-                dw_out, db_out, None)
+def forward(proj: Tensor, params: list, out_weight: Tensor | None, out_bias: Tensor | None,
+            dims: InnerDims, native: bool) -> tuple[Tensor, list]:
+    """The mixed output (b, L, d) (or ``F.linear`` of it with ``out_weight``) in ``proj``'s
+    dtype and what :func:`backward` needs (None where nothing is kept), batch slice by slice.
+    ``params``: ``conv_weight, conv_bias, dt_bias, A, D, norm_weight`` of
+    :func:`~mmdinomamba.ops.reference.bidir_mixer_ref`."""
+    out = proj.new_empty(*proj.shape[:2], dims.d_inner)
+    kept = []
+    for sl in _batch_slices(proj, dims):
+        target = out[sl]
+        out_sl, kept_sl = _inner_forward(proj[sl], *params, dims, native, target)
+        if out_sl is not target:  # computed in another dtype
+            target.copy_(out_sl)
+        kept += kept_sl
+    return (out if out_weight is None else F.linear(out, out_weight, out_bias)), kept
+
+
+def backward(dres: Tensor, proj: Tensor, params: list, out_weight: Tensor | None,
+             with_out_bias: bool, kept: list, dims: InnerDims, native: bool) -> list:
+    """Gradients of :func:`forward` for ``dres``: ``dproj``, those of ``params`` (None for a
+    missing one) and of ``out_weight`` and its bias (None without them); the merged output is
+    rebuilt, not kept."""
+    slices = _batch_slices(proj, dims)
+    per = len(kept) // len(slices)
+    dproj, total = torch.empty_like(proj), None
+    with torch.autocast(device_type=proj.device.type, enabled=False):
+        dout, mixed = dres, None
+        if out_weight is not None:  # through the output projection
+            dout = torch.matmul(dres, out_weight)
+            mixed = torch.empty(dout.shape, dtype=dout.dtype)  # proj's dtype (checked)
+        for i, sl in enumerate(slices):
+            grads = _inner_backward(dout[sl], proj[sl], params, kept[i * per:(i + 1) * per],
+                                    dims, dproj[sl], native, None if mixed is None else mixed[sl])
+            total = grads if total is None else [
+                None if t is None else t + g for t, g in zip(total, grads)]
+        dw_out = db_out = None
+        if out_weight is not None:
+            flat = dres.reshape(-1, dres.shape[-1])
+            dw_out = flat.t().matmul(mixed.view(-1, mixed.shape[-1]))
+            db_out = flat.sum(0) if with_out_bias else None
+    return [dproj, *[None if g is None else g.to(p.dtype) for g, p in zip(total, params)],
+            dw_out, db_out]
 
 
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
-    """Small float32 forward and backward passes of this fast path (conv, quadratic scan with
-    factored and strongly decaying heads, merge; the recurrence for heads it takes) with the
-    native kernels and with the PyTorch ops; returns what differs by more than
-    ``native_cpu.SELF_CHECK_TOL``, or None. A compiler that builds the kernels wrongly (flags,
-    a new CPU) then costs speed, not results. About a millisecond."""
+    """Small float32 forward and backward passes (conv, quadratic scan with factored and
+    strongly decaying heads, merge; the recurrence for heads it takes) in the native kernels
+    and in the PyTorch ops; returns what differs by more than ``native_cpu.SELF_CHECK_TOL``, or
+    None. A compiler that builds the kernels wrongly (flags, a new CPU) then costs speed, not
+    results. About a millisecond."""
     gen = torch.Generator().manual_seed(0)
     names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
              'd norm weight']
@@ -393,67 +414,14 @@ def _native_self_check() -> str | None:
         results = []
         # the first call may come from inside autocast: the check runs in float32 throughout
         with torch.no_grad(), torch.autocast('cpu', enabled=False):
-            # the scan's fused kernels, and its separate calls
-            for native, fused in ((True, True), (True, False), (False, False)):
-                with fast_path_variant(fused_wide_heads=fused, fused_products=fused):
-                    out, kept = _inner_forward(proj, *params, dims, native)
-                    dproj = torch.empty_like(proj)
-                    grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
+            for native in (True, False):
+                out, kept = _inner_forward(proj, *params, dims, native)
+                dproj = torch.empty_like(proj)
+                grads = _inner_backward(dout, proj, params, kept, dims, dproj, native)
                 results.append([out, dproj, *grads])
-        for variant, got_all in zip(('', ', the scan in separate calls'), results[:2]):
-            for name, got, want in zip(names, got_all, results[2]):
-                err = ((got - want).norm() / want.norm()).item()
-                if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-                    return (f'{name}: relative error {err:.2e} against the PyTorch ops (heads '
-                            f'of {size} channels{variant})')
+        for name, got, want in zip(names, *results):
+            err = ((got - want).norm() / want.norm()).item()
+            if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
+                return (f'bidirectional mixer {name}: relative error {err:.2e} against the '
+                        f'PyTorch ops (heads of {size} channels)')
     return None
-
-
-def bidir_ssd_inner(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None,
-                    dt_bias: Tensor, A: Tensor, D: Tensor, norm_weight: Tensor | None,
-                    dims: InnerDims, out_weight: Tensor | None = None,
-                    out_bias: Tensor | None = None) -> Tensor:
-    """Both directions of a bidirectional Mamba-2 mixer between its two projections.
-
-    With ``proj = [z, x, B, C, dt]`` (channel sizes ``d, d, g n, g n, h``), direction ``k``
-    (0 forward, 1 backward) computes ``y_k = SSD_k(conv_k(x, B, C), softplus(dt + dt_bias[k]),
-    A[k], D[k])`` (the backward direction on the reversed sequence) and the result is
-    ``(rmsnorm(y_0 * silu(z)) * w[0] + rmsnorm(y_1 * silu(z)) * w[1]) / 2`` with the root mean
-    square over groups of ``d / g`` channels (``norm_weight=None``:
-    ``(y_0 + y_1) / 2 * silu(z)``), in the original token order.
-
-    Args:
-        proj (Tensor): (b, L, 2 d + 2 g n + h) ``in_proj`` output.
-        conv_weight (Tensor): (2, d + 2 g n, K) filters of the two directions.
-        conv_bias (Tensor | None): (2, d + 2 g n).
-        dt_bias (Tensor): (2, h).
-        A (Tensor): (2, h) negative decay rates.
-        D (Tensor): (2, h) skip weights.
-        norm_weight (Tensor | None): (2, d) RMSNorm scales, or None (no norm).
-        dims (InnerDims): the mixer's sizes.
-        out_weight (Tensor | None): (E, d) weight of the output projection applied to the
-            result (``F.linear(result, out_weight, out_bias)``), or None (no projection). With
-            it the backward pass rebuilds the result for the weight's gradient instead of
-            keeping it (the native merge kernel writes it in the pass that computes the
-            merge's gradients). Needs ``proj``'s dtype, float32 or float64.
-        out_bias (Tensor | None): (E,) its bias, or None.
-
-    Returns:
-        Tensor: (b, L, d) in the dtype of ``proj`` (float16 / bfloat16 computed in float32), or
-        (b, L, E) with ``out_weight``.
-    """
-    width = 2 * dims.d_inner + 2 * dims.ngroups * dims.d_state + dims.nheads
-    if proj.dim() != 3 or proj.shape[-1] != width:
-        raise ValueError(f'bidir_ssd_inner: proj must be (b, L, {width}), got '
-                         f'{tuple(proj.shape)}')
-    if out_weight is not None and (proj.dtype not in (torch.float32, torch.float64)
-                                   or out_weight.dtype != proj.dtype or out_weight.dim() != 2
-                                   or out_weight.shape[-1] != dims.d_inner):
-        raise ValueError(f'bidir_ssd_inner: out_weight must be (E, {dims.d_inner}) in the dtype '
-                         f'of proj (float32 or float64), got {tuple(out_weight.shape)} '
-                         f'{out_weight.dtype} for proj {proj.dtype}')
-    if out_bias is not None and out_weight is None:
-        raise ValueError('bidir_ssd_inner: out_bias needs out_weight')
-    with torch.autocast(device_type=proj.device.type, enabled=False):
-        return _BidirInner.apply(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
-                                 out_weight, out_bias, dims)

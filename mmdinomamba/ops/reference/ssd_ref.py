@@ -14,7 +14,8 @@ Both functions here are slow on purpose and only used as references (tests, anal
 import torch
 from torch import Tensor
 
-__all__ = ['ssd_scan_ref', 'ssd_mixing_matrix', 'check_ssd_shapes']
+__all__ = ['ssd_scan_ref', 'ssd_scan_quadratic_ref', 'ssd_mixing_matrix', 'ssd_decay_matrix',
+           'check_ssd_shapes']
 
 
 def check_ssd_shapes(x: Tensor,
@@ -138,3 +139,13 @@ def ssd_mixing_matrix(dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     decay = torch.exp(seg.masked_fill(~causal, float('-inf'))).to(dt.dtype)
     cb = torch.einsum('bign,bjgn->bgij', C, B).repeat_interleave(h // g, dim=1)  # (b, h, L, L)
     return cb * decay * dt.transpose(1, 2)[:, :, None, :]
+
+
+def ssd_scan_quadratic_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Tensor | None = None) -> Tensor:
+    """The SSD scan in its quadratic form, ``y = M x + D x`` with ``M`` of
+    :func:`ssd_mixing_matrix` (the arguments and result of :func:`ssd_scan_ref`; memory grows
+    with ``L^2``)."""
+    check_ssd_shapes(x, dt, A, B, C, D)
+    y = torch.einsum('bhij,bjhp->bihp', ssd_mixing_matrix(dt, A, B, C).to(x.dtype), x)
+    return y if D is None else y + x * D[:, None].to(x.dtype)

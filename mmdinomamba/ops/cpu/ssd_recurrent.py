@@ -13,7 +13,7 @@ reverse recurrence of their gradient; the decay's gradient is taken from the sta
 (``dL/da_t = sum <G_t, h_{t-1}>``), as exact as the sequential reference.
 
 The bidirectional mixer's CPU fast path calls the kernels on its channel-major layout
-(:mod:`.bidir_inner`, ``fast_path_variant(recurrent_scan=...)``); :func:`ssd_scan_recurrent`
+(:mod:`.bidir_inner`); :func:`ssd_scan_recurrent`
 is the same scan in the layout of :func:`~mmdinomamba.ops.ssd_scan`, for tests and direct use.
 """
 import torch

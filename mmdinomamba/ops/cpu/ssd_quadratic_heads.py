@@ -21,11 +21,11 @@ them sit there (less than 1e-26 relative either way).
 """
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from . import native_cpu
-from .ssd_chunked_blocks import exp_decay
+from ..reference.ssd_chunked_blocks import exp_decay
 from .ssd_triangles import block_bounds, native_blocks
-from .variants import current_variant
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']
 
@@ -121,12 +121,13 @@ def _decay(hi: Tensor) -> Tensor:
 
 def _fused(native: bool, S: Tensor, planes: list[Tensor], flat: list[Tensor]) -> bool:
     """Whether the wide heads run as one native call each way (:func:`.native_cpu.wide_forward`,
-    :func:`.native_cpu.wide_backward`): asked to (``native`` and the variant), operands as
+    :func:`.native_cpu.wide_backward`): asked to (``native``), operands as
     :func:`.native_cpu.fused_fit` says and a contiguous float64 ``S``."""
-    return (native and current_variant().fused_wide_heads and native_cpu.fused_fit(planes, flat)
+    return (native and native_cpu.fused_fit(planes, flat)
             and S.is_contiguous())
 
 
+@record_function('bidir_ssd.scan.wide_heads')
 def add_forward(y: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor,
                 wide: Tensor, native: bool = False) -> Tensor:
     """``y += W x`` (times ``dt``) for the wide heads (y, x: (b, R, h, p, L)); returns the
@@ -165,6 +166,7 @@ def add_saved(y: Tensor, parts: Tensor, wide: Tensor) -> None:
         start += b_idx.numel()
 
 
+@record_function('bidir_ssd.scan.wide_heads')
 def add_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
                  dx: Tensor, ddt: Tensor, dS: Tensor, dcb: Tensor,
                  native: bool = False) -> Tensor:

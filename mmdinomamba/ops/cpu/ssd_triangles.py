@@ -5,8 +5,8 @@ The group matrices ``cb`` of :mod:`.ssd_quadratic` are strictly lower (causal di
 with them adds zeros. Cutting the tokens into ``k`` blocks and skipping the blocks that are
 all zero leaves ``(k + 1) / (2 k)`` of the work (two thirds for three blocks, five eighths
 for four) in a few larger GEMMs; every product adds the same non-zero terms as the full one, so
-results agree to rounding. Sequences shorter than ``2 * MIN_BLOCK`` tokens, or all with
-``fast_path_variant(triangle_blocks=False)``, keep the one full product.
+results agree to rounding. Sequences shorter than ``2 * MIN_BLOCK`` tokens keep the one full
+product.
 
 Layout: ``(b, R, g, P, L)`` operands and ``(b, R, g, L, L)`` matrices; the blocks are products
 of 3-d views (one direction and group), written into the result. With ``native`` (the CPU fast
@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from . import native_cpu
-from .variants import current_variant
 
 __all__ = ['BLOCKS', 'MIN_BLOCK', 'block_bounds', 'native_blocks', 'apply_masked',
            'apply_masked_t', 'masked_outer', 'mask_triangles']
@@ -33,8 +32,8 @@ ALIGN = 16
 def block_bounds(length: int) -> list[int]:
     """Token boundaries of the blocks: ``BLOCKS`` near-equal blocks with inner boundaries on
     multiples of ``ALIGN`` (0, 64, 128, 197 at 197 tokens), or one block when that would make
-    them shorter than ``MIN_BLOCK`` or the variant says so."""
-    k = max(1, min(BLOCKS, length // MIN_BLOCK)) if current_variant().triangle_blocks else 1
+    them shorter than ``MIN_BLOCK``."""
+    k = max(1, min(BLOCKS, length // MIN_BLOCK))
     inner = [ALIGN * round(i * length / k / ALIGN) for i in range(1, k)]
     return [0, *inner, length]
 

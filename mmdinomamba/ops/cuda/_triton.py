@@ -8,7 +8,7 @@ Kernels (each looked up on first CUDA use, never at package import):
 * ``bidir_causal_conv``, our own Triton kernel of both directions' causal conv + SiLU
   (``bidir_conv_triton.py``), and ``bidir_gated_merge``, our kernel of the output side (un-flip,
   two gated RMSNorms, average; ``bidir_merge_triton.py``), each used after a one-off self-check
-  against the portable path;
+  against the reference;
 * ``bidir_conv_scan``: our conv kernel and ``mamba_ssm``'s SSD forward / backward as one autograd
   function that recomputes the conv in the backward pass (``bidir_conv_scan_triton.py``), after
   a self-check against the composition.
@@ -23,45 +23,29 @@ files, its ``__init__.py`` not executed) in ``sys.modules`` and import the kerne
 through it. We do NOT insert a fake ``selective_scan_cuda`` module: the bare package is only
 created when the real package cannot be imported at all, so it hides nothing that worked.
 
-Any failure (no CUDA, no Triton, no ``mamba_ssm``, an import error inside the kernels, a failed
-self-check) is logged once and the caller falls back to the portable PyTorch implementation.
-Dispatchers call every kernel through :func:`run_kernel`, which also disables a kernel that fails
-at run time and is opaque to ``torch.compile``; :func:`on_kernel_device` is the one test of
-whether a tensor takes the kernel branch.
+Whether a kernel is usable is decided once, on its first lookup: any failure then (no CUDA, no
+Triton, no ``mamba_ssm``, an import error inside the kernels, a failed self-check) is logged
+once and the caller runs the reference from then on. Inside
+:func:`~mmdinomamba.ops.reference_ops` every lookup reports None. Dispatchers call every kernel
+through :func:`run_kernel`, which raises what a kernel raises at run time and is opaque to
+``torch.compile``; :func:`on_kernel_device` is the one test of whether a tensor takes the
+kernel branch. Warm the kernels up (one step) before capturing a CUDA graph: the first lookup
+imports, compiles and self-checks.
 """
-import contextlib
 import importlib
 import importlib.util
 import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
+
+from ..switch import kernels_enabled
 
 _SSD_MODULE = 'mamba_ssm.ops.triton.ssd_combined'
 _NORM_MODULE = 'mamba_ssm.ops.triton.layernorm_gated'
 _cache: dict = {}
 _logged: set = set()
-_portable_depth = 0  # > 0 inside ``portable_ops()``: every optional kernel reports None
-
-
-@contextlib.contextmanager
-def portable_ops() -> Iterator[None]:
-    """Run the portable PyTorch path even for CUDA tensors (the specification), e.g. to compare
-    the fast path with it on a GPU::
-
-        with portable_ops():
-            y_ref = model(x)
-
-    A model with activation checkpointing per block (``with_cp=True``) dispatches again when
-    its backward pass recomputes a block: run that backward inside the context too.
-    """
-    global _portable_depth
-    _portable_depth += 1
-    try:
-        yield
-    finally:
-        _portable_depth -= 1
 
 
 def on_kernel_device(x) -> bool:
@@ -110,7 +94,7 @@ def _lookup(key: str, module: str, attr: str, what: str,
     once on a small input, so a kernel that fails to build degrades here, not mid-training).
     Opaque to ``torch.compile``, like :func:`run_kernel`: a lookup may come from compiled code
     (e.g. BiSSD choosing its merge kernel before the checkpointed merge)."""
-    if _portable_depth:
+    if not kernels_enabled():
         return None
     if key not in _cache:
         try:
@@ -123,11 +107,11 @@ def _lookup(key: str, module: str, attr: str, what: str,
                     mod.self_check()
                 fn = getattr(mod, attr)
             log_once(key, f'{what}: using {module}.{attr} for CUDA tensors')
-        except Exception as err:  # any failure degrades to the portable path
+        except Exception as err:  # decided once: the reference runs from now on
             fn = None
             log_once(
                 key, f'{what}: {module}.{attr} unavailable ({type(err).__name__}: '
-                f'{err}); using the portable PyTorch implementation')
+                f'{err}); using the PyTorch reference')
         _cache[key] = fn
     return _cache[key]
 
@@ -164,27 +148,12 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
 @torch.compiler.disable
 def run_kernel(key: str, lookup: Callable[[], Callable | None], what: str, *args,
                **kwargs) -> Any | None:
-    """``lookup()(*args, **kwargs)``, or None when the kernel is unavailable or fails; a kernel
-    that fails is disabled with a logged note, and the caller runs the portable path from now on.
-
-    Opaque to ``torch.compile`` (a graph break): the kernels are already fused, and tracing into
-    ``mamba_ssm``'s host code or our self-checks is neither useful nor safe.
-    """
+    """``lookup()(*args, **kwargs)``, or None when the kernel is unavailable (decided once, on
+    its first lookup, with a logged note). An error inside the kernel is raised, never
+    swallowed. Opaque to ``torch.compile``: tracing into ``mamba_ssm``'s host code or our
+    self-checks is neither useful nor safe."""
     fn = lookup()
-    if fn is None:
-        return None
-    try:
-        return fn(*args, **kwargs)
-    except Exception as err:  # e.g. a Triton compile error on this GPU: degrade, once
-        disable(key, f'{what} failed ({type(err).__name__}: {err}); using the portable '
-                'implementation from now on')
-        return None
-
-
-def disable(key: str, reason: str) -> None:
-    """Stop using the kernel cached under ``key`` (e.g. it failed at run time); logged once."""
-    _cache[key] = None
-    log_once(f'{key}_disabled', reason)
+    return None if fn is None else fn(*args, **kwargs)
 
 
 def chunk_scan_fn() -> Callable | None:
@@ -204,15 +173,15 @@ def causal_conv1d_fn() -> Callable | None:
 
 def bidir_conv_fn() -> Callable | None:
     """Our fused Triton kernel of both directions' causal conv + SiLU (after a self-check
-    against the portable implementation), or None."""
-    return _lookup('bidir_conv', 'mmdinomamba.ops.bidir_conv_triton', 'bidir_causal_conv',
+    against the reference), or None."""
+    return _lookup('bidir_conv', 'mmdinomamba.ops.cuda.bidir_conv_triton', 'bidir_causal_conv',
                    'bidirectional causal conv', self_check=True)
 
 
 def bidir_merge_fn() -> Callable | None:
     """Our fused Triton kernel of both directions' gated RMSNorm + average (after a
-    self-check against the portable implementation), or None."""
-    return _lookup('bidir_merge', 'mmdinomamba.ops.bidir_merge_triton', 'bidir_gated_merge',
+    self-check against the reference), or None."""
+    return _lookup('bidir_merge', 'mmdinomamba.ops.cuda.bidir_merge_triton', 'bidir_gated_merge',
                    'bidirectional gated merge', self_check=True)
 
 
@@ -221,5 +190,5 @@ def conv_scan_fn() -> Callable | None:
     (our conv kernel and ``mamba_ssm``'s scan, after a self-check), or None."""
     if bidir_conv_fn() is None or chunk_scan_fn() is None:
         return None
-    return _lookup('conv_scan', 'mmdinomamba.ops.bidir_conv_scan_triton', 'bidir_conv_scan',
+    return _lookup('conv_scan', 'mmdinomamba.ops.cuda.bidir_conv_scan_triton', 'bidir_conv_scan',
                    'fused conv + scan with conv recomputation', self_check=True)

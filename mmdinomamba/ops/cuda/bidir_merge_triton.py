@@ -1,7 +1,7 @@
 """Triton kernels of :func:`mmdinomamba.ops.bidir_gated_merge` (forward and backward).
 
 Imported only on first CUDA use (``_triton.bidir_merge_fn``), never at package import. Tested on
-CPU through Triton's interpreter (``TRITON_INTERPRET=1``) against the portable implementation
+CPU through Triton's interpreter (``TRITON_INTERPRET=1``) against the reference
 (``tests/test_ops/test_bidir_merge.py``), and on a GPU by the ``gpu``-marked tests.
 
 One program per (row, group) in the forward, where row ``r = b L + t``; the backward direction
@@ -170,10 +170,10 @@ def bidir_gated_merge(y, z, weight, eps, group_size):
 
 def self_check(device='cuda') -> None:
     """Run forward and backward once on a small float32 input, with and without the norm, and
-    compare with the portable implementation; raises if the kernel does not compile or
+    compare with the reference; raises if the kernel does not compile or
     disagrees."""
     from ._triton import compare_with_reference
-    from .bidir_merge import bidir_gated_merge_portable
+    from ..reference.norm import bidir_gated_merge_ref as bidir_gated_merge_portable
     gen = torch.Generator().manual_seed(0)
     y, z, w = (torch.randn(*s, generator=gen).to(device) for s in ((2, 7, 48), (2, 7, 24),
                                                                   (2, 24)))

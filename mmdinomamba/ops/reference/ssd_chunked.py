@@ -1,4 +1,4 @@
-"""Portable chunked SSD scan in plain PyTorch (the CPU default backend).
+"""The chunked SSD scan in plain PyTorch (the reference for long sequences).
 
 The sequence is cut into chunks of ``Q`` tokens (Mamba-2's block decomposition). Per chunk,
 with ``a_t = dt_t A`` and the chunk-local cumulative sum ``s_t = a_1 + ... + a_t``:
@@ -31,21 +31,12 @@ The result does not depend on the chunk size up to rounding; CPUs prefer small c
 :data:`PORTABLE_CHUNK_SIZE` (32) was 1.16x faster than 64 and 128 was slower still (forward +
 backward, 24 heads of 64 channels, state 64, L = 1024 and 4096, one thread).
 
-On CPU, float32 and float64 scans run in the native kernels where they are built
-(:func:`.native_cpu.chunk_scan_forward`, :func:`.native_cpu.chunk_scan_backward`): the same
-algorithm and backward pass, but one work unit per (sample, group, slice of the group's heads)
-runs the whole sequence chunk by chunk with every temporary in cache, the diagonal blocks'
-weights built per head (no factored form needed), the heads of a unit side by side as the
-columns of the state products. About 1.6-2.1x faster than these PyTorch ops (forward + backward,
-``tools/analysis/benchmark_ssd.py``'s inputs, docs/results.md). The PyTorch ops stay the
-specification and the fallback (no kernels, another dtype, ``torch.compile`` tracing,
-``fast_path_variant(native_cpu=False)``); ``tile_chunks`` concerns them only.
+The native CPU kernel of the same algorithm is :mod:`mmdinomamba.ops.cpu.ssd_chunked`.
 """
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import native_cpu
 from .ssd_chunked_blocks import (chunk_views, columns_as_heads, exp_decay, factored_intra,
                                  factored_scales, head_major, heads_as_columns,
                                  intra_chunk_weights)
@@ -162,63 +153,6 @@ class _ChunkedSSD(torch.autograd.Function):
         return (grads['x'], grads['dt'], grads['A'], grads['B'], grads['C'], grads['D'], None, None)
 
 
-class _NativeChunkedSSD(torch.autograd.Function):
-    """The same scan in the native CPU kernels (:func:`.native_cpu.chunk_scan_forward`): the
-    states entering each chunk are kept for the backward pass, as above."""
-
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C, D, Q):
-        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, any(ctx.needs_input_grad))
-        ctx.save_for_backward(x, dt, A, B, C, D, *states)
-        ctx.Q = Q
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, dt, A, B, C, D, *states = ctx.saved_tensors
-        dx, ddt, dA, dB, dC, dD = native_cpu.chunk_scan_backward(dy.contiguous(), x, dt, A, B, C,
-                                                                 D, states, ctx.Q)
-        return dx, ddt, dA, dB, dC, None if D is None else dD, None
-
-
-class _SelfCheckContext:
-    """What :class:`_ChunkedSSD`'s forward and backward read of an autograd context, for
-    calling them directly."""
-    needs_input_grad = (True, ) * 6
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
-
-
-@native_cpu.register_self_check
-def _native_self_check() -> str | None:
-    """One small float32 scan (two groups, several chunks and a ragged one, a strongly decaying
-    head) forward and backward in the native kernels and in the PyTorch ops above; returns what
-    differs by more than ``native_cpu.SELF_CHECK_TOL``, or None."""
-    gen = torch.Generator().manual_seed(0)
-    b, length, h, p, g, n, Q = 2, 45, 4, 8, 2, 8, 8
-    x, dy = (torch.randn(b, length, h, p, generator=gen) for _ in range(2))
-    dt = torch.rand(b, length, h, generator=gen) / 4
-    dt[..., 0] *= 100  # decays by about 50 per token
-    A = -torch.tensor([4., 1., 2., 8.])
-    B, C = (torch.randn(b, length, g, n, generator=gen) for _ in range(2))
-    D = torch.randn(h, generator=gen)
-    # no autograd graph: the first call may come from inside a checkpointed block, whose
-    # saved-tensor hooks would count what a graph here saved
-    ctx = _SelfCheckContext()
-    with torch.no_grad(), torch.autocast('cpu', enabled=False):
-        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, True)
-        got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
-        want = [_ChunkedSSD.forward(ctx, x, dt, A, B, C, D, Q, 2 * Q),
-                *_ChunkedSSD._backward(ctx, dy)[:6]]
-    for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
-        err = ((a - r).norm() / r.norm()).item()
-        if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-            return f'chunked scan {name}: relative error {err:.2e} against the PyTorch ops'
-    return None
-
-
 def ssd_scan_chunked(x: Tensor,
                      dt: Tensor,
                      A: Tensor,
@@ -261,8 +195,5 @@ def ssd_scan_chunked(x: Tensor,
     # Under autocast the matmuls inside the Function would silently run in bf16/fp16 (and save
     # low-precision chunk states for backward): the scan computes in ``dtype`` only.
     with torch.autocast(device_type=x.device.type, enabled=False):
-        if dtype in (torch.float32, torch.float64) and native_cpu.use_for(x):
-            out = _NativeChunkedSSD.apply(x, dt, A, B, C, D, Q)
-        else:
-            out = _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks)
+        out = _ChunkedSSD.apply(x, dt, A, B, C, D, Q, Q * tile_chunks)
     return out.to(out_dtype)

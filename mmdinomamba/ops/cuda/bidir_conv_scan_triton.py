@@ -12,7 +12,7 @@ import torch
 
 from . import bidir_conv_triton
 from ._triton import import_mamba_module
-from .bidir_conv_scan import split_conv_output as _views
+from ..reference.mixer import split_conv_output as _views
 
 __all__ = ['bidir_conv_scan', 'self_check']
 
@@ -61,7 +61,7 @@ def self_check(device='cuda') -> None:
     kernel, then ``mamba_chunk_scan_combined``); raises if anything disagrees (1e-3: the
     scan's float32 matmuls may use TF32 on a GPU)."""
     from ._triton import compare_with_reference
-    from .bidir_conv_scan import bidir_conv_scan_composed
+    from ..bidir_conv_scan import bidir_conv_scan_composed
     gen = torch.Generator().manual_seed(0)
     B, L, h, p, n = 1, 21, 2, 8, 8  # one group per direction, two chunks of 16
     splits = (h * p, n, n)

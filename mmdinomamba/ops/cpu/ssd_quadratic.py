@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from . import native_cpu
 from . import ssd_quadratic_heads as heads
-from .ssd_chunked_blocks import FACTORED_RANGE
+from ..reference.ssd_chunked_blocks import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
 from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
                             masked_outer)
-from .variants import current_variant
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
 
@@ -116,8 +116,8 @@ def _output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor, native: bool) -> T
 def _products_fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
     """Whether the factored products run with their element-wise work in one native call
     (:func:`.native_cpu.products_forward`, :func:`.native_cpu.products_backward`): asked to
-    (``native`` and the variant) and operands as :func:`.native_cpu.fused_fit` says."""
-    return native and current_variant().fused_products and native_cpu.fused_fit(planes, flat)
+    (``native``) and operands as :func:`.native_cpu.fused_fit` says."""
+    return native and native_cpu.fused_fit(planes, flat)
 
 
 def _grouped(t: Tensor, groups: int) -> Tensor:
@@ -141,12 +141,13 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     if D is not None:
         diag.add_(D[..., None])
     s = dt * col
-    if _products_fused(native, [x], [s, row, diag, cb]):
-        ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
-        ys = _grouped(ys, g)
-    else:
-        ys = apply_masked(_grouped(_scaled(x, s, native), g), cb, native)
-        y = _output(ys.view(x.shape), row, x, diag, native)
+    with record_function('bidir_ssd.scan.products'):
+        if _products_fused(native, [x], [s, row, diag, cb]):
+            ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
+            ys = _grouped(ys, g)
+        else:
+            ys = apply_masked(_grouped(_scaled(x, s, native), g), cb, native)
+            y = _output(ys.view(x.shape), row, x, diag, native)
     y_wide = heads.add_forward(y, x, dt, S, cb, wide, native) if wide.any() else None
     return y, ScanState(S, row, col, wide, cb, cb_diag, diag, ys, y_wide)
 
@@ -165,8 +166,9 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
     if _products_fused(native, [x, dy], [ys, s, st.row, st.diag, st.cb]):
-        dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
-            dy, x, ys, s, st.row, st.diag, st.cb, block_bounds(x.shape[-1]))
+        with record_function('bidir_ssd.scan.products'):
+            dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
+                dy, x, ys, s, st.row, st.diag, st.cb, block_bounds(x.shape[-1]))
     else:
         xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
         dys = _scaled(dy, st.row, native)

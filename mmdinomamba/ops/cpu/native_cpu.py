@@ -1,42 +1,21 @@
-"""Native CPU kernels of the bidirectional mixer's fast path, compiled on first use.
+"""The loader of the native CPU kernels (``csrc/*.cpp``) and thin typed wrappers of them.
 
-Both directions' depthwise conv + SiLU, and the gated RMSNorms of both directions with their
-average, forward and backward, are element-wise work that the PyTorch compositions
-(:mod:`.shift_conv`, :func:`~mmdinomamba.ops.bidir_inner.merge_forward`) do in one pass over
-memory per operation; the C++ kernels in ``csrc/cpu_mixer.cpp`` do each in one or two passes
-over cache-sized tiles. So do the kernels for the strongly decaying heads of the SSD scan in its
-quadratic form (:mod:`.ssd_quadratic_heads`): their (L, L) weights, built on the triangle only,
-and their gradients, one pass each instead of a dozen; so does the element-wise work around the
-scan's matrix products (:func:`scale_tokens`, :func:`scan_output`,
-:func:`scan_backward_pointwise`); the (L, L) matrix products themselves run as one call each
-(:func:`column_products`, :func:`masked_outer`), every (sample, direction, group, token block)
-product a single-threaded GEMM in parallel with the others, written in place; the blocks'
-RMSNorm (:func:`rms_norm_forward`, :func:`rms_norm_backward`; PyTorch's CPU backward of it is a
-composition of about ten operations) runs one pass per row each way; and so do the copies
-between the token-major projections and the channel-major inside of the mixer
-(:func:`transpose_into`, in register tiles: PyTorch's strided copy of a transposed view runs
-3-5x slower); the merge reads its gate and writes its output (and their gradients) token-major,
-transposing tile by tile in cache. The chunked SSD scan (:func:`chunk_scan_forward`,
-:func:`chunk_scan_backward`; :mod:`.ssd_chunked` is its specification) runs whole in them, one
-(sample, group, slice of heads) a task.
-They are built with ``torch.utils.cpp_extension`` (g++ and ninja, both part of the set-up)
-for the machine they run on (``-march=native``; the build is keyed by the CPU's instruction-set
-flags, so a shared cache never hands one CPU another's binary, and by the source's path and
-contents) with OpenMP, so that their ``at::parallel_for`` loops run on torch's threads, and kept
-in PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``); a first build takes about half a minute, later processes load
-it in well under a second. ``-ffast-math`` is a compile flag only: the library is linked
-without it, so loading it does not switch the process to flushing subnormal floats to zero
-(tested).
+The kernels do the bidirectional mixer's element-wise work (both directions' conv + SiLU, the
+gated merge), the quadratic SSD scan's products and strongly decaying heads, the recurrence for
+small heads, the chunked scan, the blocks' RMSNorm and the token-/channel-major copies, each in
+one or two passes over cache-sized tiles (``at::parallel_for`` on torch's threads).
 
-The PyTorch composition stays the specification: the tests compare both, and everything falls
-back to it when the kernels cannot be built (a warning says why, once) or when
-``MMDINOMAMBA_NATIVE_CPU=0`` is set; ``fast_path_variant(native_cpu=False)`` switches them off
-for one block of code (A/B timing).
+They are built once per machine and source version with ``torch.utils.cpp_extension`` (g++ and
+ninja; ``-march=native``, the build keyed by the CPU's instruction-set flags and the sources'
+paths and contents) into PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line is printed
+before a build starts. After loading, the registered self-checks compare them once with the
+PyTorch ops. If the build or a self-check fails, ONE warning names the reason and the
+reference runs instead; nothing is retried or switched during a run. ``-ffast-math`` is a
+compile flag only: the library is linked without it, so loading it does not switch the process
+to flushing subnormal floats to zero (tested).
 """
 import hashlib
 import logging
-import os
 import platform
 import threading
 import time
@@ -47,17 +26,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .variants import current_variant
+from ..switch import kernels_enabled
 
-__all__ = ['ENV_SWITCH', 'SOURCE', 'load', 'available', 'use_for', 'load_error',
+__all__ = ['SOURCES', 'load', 'available', 'use_for', 'load_error',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
            'column_products', 'masked_outer', 'rms_norm_forward', 'rms_norm_backward',
            'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
            'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors',
            'chunk_scan_forward', 'chunk_scan_backward']
 
-ENV_SWITCH = 'MMDINOMAMBA_NATIVE_CPU'
-SOURCE = Path(__file__).with_name('csrc') / 'cpu_mixer.cpp'
+#: the kernels' sources: one concept a header, all compiled as the one translation unit of
+#: ``bindings.cpp`` (their shared inline helpers stay internal)
+CSRC = Path(__file__).parent / 'csrc'
+SOURCES = (CSRC / 'bindings.cpp', )
 #: -ffast-math lets g++ vectorize exp (glibc's vector math library); the kernels hold no
 #: NaN / infinity tests that it could remove. -fopenmp: ``at::parallel_for`` is a header
 #: template that runs its loop on torch's OpenMP threads only when the including file is compiled
@@ -84,23 +65,18 @@ def _build_key() -> str:
             flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
     except OSError:
         pass
-    try:
-        source = SOURCE.read_bytes()
-    except OSError:
-        source = b''  # the build reports the missing file
+    files = sorted(CSRC.glob('*.[ch]*'))
+    source = b''.join(path.read_bytes() for path in files)
     text = '|'.join([platform.machine(), flags, torch.__version__, ' '.join(CFLAGS),
-                     ' '.join(LDFLAGS), str(SOURCE.resolve())])
+                     ' '.join(LDFLAGS), str(CSRC.resolve())])
     return hashlib.sha1(text.encode() + source).hexdigest()[:12]
 
 
-def _disabled() -> bool:
-    return os.environ.get(ENV_SWITCH, '1').strip().lower() in ('0', 'false', 'no', 'off')
-
-
 def load():
-    """The compiled module (built on first call), or None when switched off or not buildable
-    (the reason in :func:`load_error`, and in one warning)."""
-    return None if _disabled() else _module()
+    """The compiled module (built on first call), or None inside
+    :func:`~mmdinomamba.ops.reference_ops` or when not buildable (the reason in
+    :func:`load_error`, and in one warning)."""
+    return _module() if kernels_enabled() else None
 
 
 def _module():
@@ -115,16 +91,10 @@ def _module():
                 error = _self_check()
                 if error is not None:
                     module = None
-                    warnings.warn(f'mmdinomamba: the native CPU kernels ({SOURCE.name}) failed '
-                                  f'their self-check, the PyTorch ops run instead (slower): '
-                                  f'{error}')
+                    warnings.warn(f'mmdinomamba: the native CPU kernels failed their self-check, '
+                                  f'the PyTorch reference runs instead (slower): {error}')
             _state['module'], _state['error'] = module, error
-        module = _state['module']
-        serial = current_variant().serial_blas  # the kernels read it from a flag of theirs
-        if module is not None and _state.get('serial_blas') != serial:
-            module.set_serial_blas(serial)
-            _state['serial_blas'] = serial
-        return module
+        return _state['module']
 
 
 #: Largest relative error (norm) of any result of a self-check (the kernels and the PyTorch ops
@@ -165,22 +135,34 @@ def _build():
             from torch.utils.cpp_extension import load as load_extension
         finally:
             ext_logger.setLevel(level)
+        name = f'mmdinomamba_cpu_{_build_key()}'
+        if not _built(name):  # say so before the wait, not after it
+            print('mmdinomamba: compiling the native CPU kernels (about a minute, once per '
+                  'machine and source version) ...', flush=True)
         start = time.perf_counter()
         # copies of the flags: load() appends torch's libraries to the lists it is given, and
         # the flags make the build key
-        module = load_extension(name=f'mmdinomamba_cpu_mixer_{_build_key()}',
-                                sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
-                                extra_ldflags=list(LDFLAGS), verbose=False)
+        module = load_extension(name=name, sources=[str(p) for p in SOURCES],
+                                extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                                verbose=False)
         seconds = time.perf_counter() - start
-        if seconds > 5:  # it compiled: say where the time went
-            print(f'mmdinomamba: built the native CPU kernels in {seconds:.0f} s (once per '
-                  f'machine and source version)', flush=True)
+        if seconds > 5:
+            print(f'mmdinomamba: built the native CPU kernels in {seconds:.0f} s', flush=True)
         return module, None
     except Exception as exc:  # no compiler, no ninja, a read-only cache, ...
         error = f'{type(exc).__name__}: {exc}'.strip()
-        warnings.warn(f'mmdinomamba: the native CPU kernels ({SOURCE.name}) could not be built, '
-                      f'the PyTorch ops run instead (slower). Reason: {error[-2000:]}')
+        warnings.warn(f'mmdinomamba: the native CPU kernels could not be built, the PyTorch '
+                      f'reference runs instead (slower). Reason: {error[-2000:]}')
         return None, error
+
+
+def _built(name: str) -> bool:
+    """Whether the extension cache already holds the library ``name``."""
+    from torch.utils.cpp_extension import _get_build_directory
+    try:
+        return (Path(_get_build_directory(name, verbose=False)) / f'{name}.so').exists()
+    except Exception:  # a private helper of torch: if it moved, just say nothing
+        return True
 
 
 def available() -> bool:
@@ -189,12 +171,11 @@ def available() -> bool:
 
 
 def use_for(t: Tensor) -> bool:
-    """Whether a call on ``t`` runs the native kernels: a CPU tensor, the variant's
-    ``native_cpu`` switch on (:func:`~mmdinomamba.ops.fast_path_variant`), not while
-    ``torch.compile`` traces it (the compiler cannot see into them: it traces the PyTorch ops
-    instead), and the kernels built."""
-    return (t.device.type == 'cpu' and current_variant().native_cpu
-            and not torch.compiler.is_compiling() and available())
+    """Whether a call on ``t`` runs the native kernels: a CPU tensor, outside
+    :func:`~mmdinomamba.ops.reference_ops`, not while ``torch.compile`` traces a function that
+    calls them directly (the compiler cannot see into them; the custom ops of
+    :mod:`.custom_ops` it sees as one node), and the kernels built."""
+    return (t.device.type == 'cpu' and not torch.compiler.is_compiling() and available())
 
 
 def load_error() -> str | None:
