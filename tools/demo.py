@@ -123,6 +123,8 @@ def run_config(base: str, data, run_dir: str, options: dict, allow_new_keys: boo
     dataset.update(type=data.dataset_type, data_root=data.root)
     if data.generated:
         dataset['generate'] = False
+    else:  # a folder of the user's: its dataset type takes no `generate`
+        dataset.pop('generate', None)
     hooks = []
     for hook in cfg.get('custom_hooks', []):
         if hook['type'] == 'BinaryAUCHook':

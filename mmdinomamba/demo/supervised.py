@@ -43,6 +43,8 @@ def supervised_config(root: str, data, dino_cfg, run_dir: str, options: dict = N
     loader.dataset.update(type=data.dataset_type, data_root=data.root, split='train')
     if data.generated:
         loader.dataset['generate'] = False
+    else:  # a folder of the user's: its dataset type takes no `generate`
+        loader.dataset.pop('generate', None)
     for step in loader.dataset.pipeline:
         if step['type'] == 'Resize':
             step['scale'] = (size, size)

@@ -43,7 +43,7 @@ def _private_mixer_methods() -> set:
 @pytest.mark.parametrize('path', ANALYSIS, ids=lambda p: osp.relpath(p, REPO))
 def test_analysis_source_uses_no_private_mixer_method(path):
     private = _private_mixer_methods()
-    assert {'_project', '_scan_inputs'} <= private
+    assert {'_project', '_conv_params'} <= private
     tree = ast.parse(open(path).read())
     used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert not used & private, f'{path} calls private mixer methods {sorted(used & private)}'

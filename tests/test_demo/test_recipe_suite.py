@@ -24,9 +24,10 @@ def _digest(root):
 
 @pytest.fixture(scope='module')
 def suite(tmp_path_factory):
+    # 30 val images cover every class of every set (the labels are drawn at random)
     root = tmp_path_factory.mktemp('suite')
     for name in SUITE:
-        write_suite_set(name, str(root / name), num_train=40, num_val=8, log=lambda s: None)
+        write_suite_set(name, str(root / name), num_train=40, num_val=30, log=lambda s: None)
     return root
 
 
@@ -34,9 +35,9 @@ def test_suite_sets_are_deterministic_in_the_layout_and_never_overwritten(suite,
     for name, (classes, _, size, _, _) in SUITE.items():
         info = check_folder_layout(str(suite / name))
         assert info['classes'] == classes and info['has_masks']
-        assert info['num_images'] == dict(train=40, val=8)
+        assert info['num_images'] == dict(train=40, val=30)
     again = tmp_path / 'strokes'
-    write_suite_set('strokes', str(again), num_train=40, num_val=8, log=lambda s: None)
+    write_suite_set('strokes', str(again), num_train=40, num_val=30, log=lambda s: None)
     assert _digest(str(again)) == _digest(str(suite / 'strokes'))
     with pytest.raises(FileExistsError, match='exists'):
         write_suite_set('strokes', str(again), log=lambda s: None)

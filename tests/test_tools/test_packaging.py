@@ -42,7 +42,7 @@ def test_build_py_ships_configs_tools_and_index(tmp_path):
                for f in fs if '__pycache__' not in d}
     assert configs == shipped
     assert not any('__pycache__' in f or f.endswith('.pyc') for f in files)
-    assert (tmp_path / 'mmdinomamba' / 'ops' / 'csrc').is_dir()  # the kernels' sources too
+    assert (tmp_path / 'mmdinomamba' / 'ops' / 'cpu' / 'csrc').is_dir()  # the kernels' sources too
     after = subprocess.run(['git', 'status', '--porcelain', '--ignored'], cwd=REPO,
                            capture_output=True, text=True).stdout
     assert after == before  # nothing written into the checkout

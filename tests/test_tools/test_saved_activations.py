@@ -21,7 +21,6 @@ def test_per_layer_bytes_are_proportional_to_tokens():
     and the stem cancel out of the four-run difference)."""
     tool = _tool()
     small = tool.per_layer_image('t', 32, 'portable', 'cpu')  # 5 tokens
-    assert tool.per_layer_image('t', 32, 'keep', 'cpu') == small  # CPU: kernels unused
     large = tool.per_layer_image('t', 64, 'portable', 'cpu')  # 17 tokens
     assert small > 0
     assert large / 17 == pytest.approx(small / 5, rel=0.15)

@@ -179,7 +179,8 @@ def test_first_kernel_use_inside_a_training_step(run_interpreted):
     lines = [line for line in out.splitlines() if line.startswith('CASE')]
     assert len(lines) == 3, out
     for line in lines:
-        assert "USED ['bidir_conv', 'bidir_merge', 'conv_scan', 'norm', 'scan']" in line, out
+        # (the gated RMSNorm kernel is not among them: the fused merge applies both norms)
+        assert "USED ['bidir_conv', 'bidir_merge', 'conv_scan', 'scan']" in line, out
         kernels, portable = map(float, line.split('WORST')[-1].split())
         # float32 rounding of the gradients summed over the sequence (A_log, dt_bias) reaches
         # ~1e-5 on every path (the float32 bound of the mixer's tests); two float32 paths that

@@ -18,13 +18,12 @@ from sync_detector import HostSyncError, SyncDetector  # noqa: E402
 ROOT = osp.dirname(TESTS)
 DEMO = osp.join(ROOT, 'configs/pretrain/dino_dinovim-demo_1xb32-14e_embedded-64px.py')
 IMAGENET = osp.join(ROOT, 'configs/pretrain/dino_dinovim-b-p16_4xb48-100e_in1k.py')
-#: The portable CPU scan picks its form from the step sizes (a value read), checks whether any
-#: (sample, head) decays strongly (``wide.any()``, forward and backward) and gathers those with
-#: nonzero; on CUDA the Triton kernels run instead of all of them.
-CPU_ONLY = (('mmdinomamba/ops/ssd.py', 'use_quadratic_form'),
-            ('mmdinomamba/ops/ssd_quadratic.py', 'scan_forward'),
-            ('mmdinomamba/ops/ssd_quadratic.py', 'scan_backward'),
-            ('mmdinomamba/ops/ssd_quadratic_heads.py', '_subsets'))
+#: The CPU kernels check whether any (sample, head) decays strongly (``wide.any()``, forward and
+#: backward) and gather those with nonzero; on CUDA the Triton kernels run instead of all of them.
+CPU_ONLY = (('mmdinomamba/ops/cpu/ssd_quadratic.py', 'scan_forward'),
+            ('mmdinomamba/ops/cpu/ssd_quadratic.py', 'scan_backward'),
+            ('mmdinomamba/ops/cpu/ssd_quadratic_heads.py', '_subsets'),
+            ('mmdinomamba/ops/cpu/bidir_inner.py', '_load_wide'))
 CHECKED = 1  # iteration 0 warms up (first-call self-checks read values, as before a capture)
 
 
