@@ -115,14 +115,18 @@ def test_mmseg_tools_train_and_test(embedded_root, tmp_path):
     assert 'mIoU' in log
 
 
-def test_mmdet_tools_train(embedded_root, tmp_path):
+def test_mmdet_tools_train_and_test(embedded_root, tmp_path):
     work = tmp_path / 'det'
+    ann = [f'{key}.ann_file={embedded_root}/coco/annotations/instances_val.json'
+           for key in ('val_evaluator', 'test_evaluator')]
     log = run_tool('mmdet', 'train.py', DET, '--work-dir', str(work), '--cfg-options',
                    *_roots(embedded_root, 'train_dataloader', 'val_dataloader',
-                           'test_dataloader'),
-                   *[f'{key}.ann_file={embedded_root}/coco/annotations/instances_val.json'
-                     for key in ('val_evaluator', 'test_evaluator')],
+                           'test_dataloader'), *ann,
                    'train_cfg.max_iters=2', 'train_cfg.val_interval=100',
                    'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1',
                    cwd=tmp_path)
     assert (work / 'iter_2.pth').is_file(), log[-2000:]
+    log = run_tool('mmdet', 'test.py', DET, str(work / 'iter_2.pth'), '--work-dir',
+                   str(tmp_path / 'det_test'), '--cfg-options',
+                   *_roots(embedded_root, 'test_dataloader'), *ann[1:], cwd=tmp_path)
+    assert 'coco/bbox_mAP' in log, log[-2000:]
