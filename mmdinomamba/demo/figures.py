@@ -132,6 +132,16 @@ def _no_ticks(axes):
         ax.set_yticks([])
 
 
+def _save_with_colorbar(fig, im, path: str) -> str:
+    """Lay ``fig`` out with the one colour bar of its heat maps (``im``) on the right, save it."""
+    FigureCanvasAgg(fig)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    cax = fig.add_axes((0.945, 0.1, 0.015, 0.8))
+    fig.colorbar(im, cax=cax, label='map value (min-max normalized per map)')
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
 def maps_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
                 masks: Optional[Sequence[np.ndarray]] = None) -> str:
     """Rows: images; columns: the image with its mask outline, then the CLS map of the last
@@ -161,12 +171,7 @@ def maps_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
     _no_ticks(axes)
     fig.suptitle('CLS-to-patch maps of the last layer (CLS row of the token-mixing matrix, '
                  'mean over heads); cyan: object mask')
-    FigureCanvasAgg(fig)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
-    cax = fig.add_axes((0.945, 0.1, 0.015, 0.8))
-    fig.colorbar(im, cax=cax, label='map value (min-max normalized per map)')
-    fig.savefig(path, dpi=DPI)
-    return path
+    return _save_with_colorbar(fig, im, path)
 
 
 def heads_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
@@ -195,12 +200,7 @@ def heads_figure(examples: Dict[str, Sequence[tuple]], preprocessor, path: str,
     _no_ticks(axes)
     fig.suptitle('Per-head CLS-to-patch maps of the last layer\n(the paper\'s stethoscope, '
                  'Figure 4(b)); cyan: object mask')
-    FigureCanvasAgg(fig)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
-    cax = fig.add_axes((0.945, 0.1, 0.015, 0.8))
-    fig.colorbar(im, cax=cax, label='map value (min-max normalized per map)')
-    fig.savefig(path, dpi=DPI)
-    return path
+    return _save_with_colorbar(fig, im, path)
 
 
 def pca_figure(images: Sequence[np.ndarray], rgbs: Dict[str, Sequence[np.ndarray]],
