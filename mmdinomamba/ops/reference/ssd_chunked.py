@@ -53,12 +53,13 @@ def _scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, Q: int) -> Ten
     to_end = (decay[..., -1, :] * dtc).permute(0, 1, 4, 2, 3)  # (b, c, Q, g, r)
     S = torch.einsum('bcjgn,bcjgrp->bcgrnp', Bc, xc * to_end[..., None])
     chunk_decay = torch.exp(a.sum(dim=-1))[..., None, None]  # (b, c, g, r, 1, 1)
-    entering = [torch.zeros_like(S[:, 0])]
+    state, y_off = torch.zeros_like(S[:, 0]), []
     # unbind, not S[:, k]: one backward for all chunks instead of a full-size one per chunk
-    for S_k, decay_k in zip(S.unbind(1)[:-1], chunk_decay.unbind(1)):
-        entering.append(entering[-1] * decay_k + S_k)
+    for C_k, S_k, decay_k in zip(Cc.unbind(1), S.unbind(1), chunk_decay.unbind(1)):
+        y_off.append(torch.einsum('bign,bgrnp->bigrp', C_k, state))
+        state = state * decay_k + S_k
     from_start = torch.exp(a.cumsum(dim=-1)).permute(0, 1, 4, 2, 3)  # (b, c, Q, g, r)
-    y_off = torch.einsum('bcign,bcgrnp->bcigrp', Cc, torch.stack(entering, dim=1))
+    y_off = torch.stack(y_off, dim=1)
     return (y + y_off * from_start[..., None]).reshape(b, length, h, p)
 
 
@@ -99,8 +100,9 @@ def ssd_scan_chunked(x: Tensor,
     # autocast would run the products in bf16 / fp16: the scan computes in ``dtype`` only
     with torch.autocast(device_type=x.device.type, enabled=False):
         x, dt, A, B, C = (t.to(dtype) for t in (x, dt, A, B, C))
-        padded = [F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C)]
-        y = _scan(*padded[:2], A, *padded[2:], Q)[:, :length]
+        xp, dtp, Bp, Cp = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) if pad else t
+                           for t in (x, dt, B, C))
+        y = _scan(xp, dtp, A, Bp, Cp, Q)[:, :length]
         if D is not None:
             y = y + x * D.to(dtype)[:, None]
     return y.to(out_dtype)
