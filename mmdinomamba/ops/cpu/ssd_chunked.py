@@ -33,10 +33,6 @@ class _NativeChunkedSSD(torch.autograd.Function):
         return dx, ddt, dA, dB, dC, None if D is None else dD, None
 
 
-def _identity(t):
-    return t
-
-
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """One small float32 scan (two groups, several chunks and a ragged one, a strongly decaying
@@ -56,9 +52,10 @@ def _native_self_check() -> str | None:
         got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
     # the first call may come from a no-grad forward or inside an activation checkpoint: the
     # reference's graph stays here (identity hooks) and nothing returned carries it
-    ins = [t.double().requires_grad_() for t in (x, dt, A, B, C, D)]
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
+            'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(
+                lambda t: t, lambda t: t):
+        ins = [t.double().requires_grad_() for t in (x, dt, A, B, C, D)]
         y_ref = ssd_scan_ref(*ins)
         want = [y_ref.detach(), *torch.autograd.grad(y_ref, ins, dy.double())]
     for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):

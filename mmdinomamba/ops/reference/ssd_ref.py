@@ -34,11 +34,7 @@ def exp_decay(t: Tensor) -> Tensor:
     return t.clamp_(-60.0, 0.0).exp_()
 
 
-def check_ssd_shapes(x: Tensor,
-                     dt: Tensor,
-                     A: Tensor,
-                     B: Tensor,
-                     C: Tensor,
+def check_ssd_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                      D: Tensor | None = None) -> None:
     """Raise a ``ValueError`` naming the argument whose shape breaks the SSD contract."""
     if x.dim() != 4:
@@ -64,11 +60,7 @@ def _heads_view(t: Tensor, heads: int) -> Tensor:
     return t.repeat_interleave(heads // t.shape[2], dim=2)
 
 
-def ssd_scan_ref(x: Tensor,
-                 dt: Tensor,
-                 A: Tensor,
-                 B: Tensor,
-                 C: Tensor,
+def ssd_scan_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                  D: Tensor | None = None) -> Tensor:
     """Naive sequential SSD recurrence (the specification; O(L) Python steps).
 
@@ -120,8 +112,7 @@ def ssd_decay_matrix(dt: Tensor, A: Tensor) -> Tensor:
                          f'got dt {tuple(dt.shape)}, A {tuple(A.shape)}')
     cs = torch.cumsum(dt.double() * A.double(), dim=1).transpose(1, 2)  # (B, h, L)
     seg = cs[..., :, None] - cs[..., None, :]
-    length = dt.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=dt.device).tril()
+    causal = torch.ones(seg.shape[-2:], dtype=torch.bool, device=dt.device).tril()
     return torch.exp(seg.masked_fill(~causal, float('-inf')))
 
 

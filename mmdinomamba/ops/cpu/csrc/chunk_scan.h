@@ -5,14 +5,12 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The chunked SSD scan, forward and backward: the block decomposition of the reference
-// ssd_chunked.py (chunks of Q tokens, s the chunk-local cumulative sum of a = dt A, H the state
-// entering a chunk, W_ij = (C_i . B_j) exp(s_i - s_j) dt_j), differentiated by hand: the
-// diagonal block gives dx = W^T dy, dW = dy x^T and, with G = dW o W, da_k = sum over the pairs
-// j < k <= i of G_ij (summed directly, not as row minus column sums, which cancel for strong
-// decays); y_i += exp(s_i) C_i H gives dC, ds_i and dH; H_out = exp(s_Q) H + S is reversed
-// chunk by chunk, and S = sum_j exp(s_Q - s_j) dt_j B_j x_j^T gives dx, dB, ddt and da;
-// finally ddt += da A and dA = sum da dt. A work unit is one
+// The chunked SSD scan: the block decomposition of the reference ssd_chunked.py (chunks of Q
+// tokens, s the chunk-local cumulative sum of a = dt A, H the state entering a chunk), and its
+// backward pass by hand: with W_ij = (C_i . B_j) exp(s_i - s_j) dt_j and G = dy x^T o W,
+// da_k = sum_{j < k <= i} G_ij summed directly (row minus column sums cancel for strong decays);
+// y_i += exp(s_i) C_i H and H_out = exp(s_Q) H + sum_j exp(s_Q - s_j) dt_j B_j x_j^T are
+// reversed chunk by chunk; finally ddt += da A and dA = sum da dt. A work unit is one
 // (sample, group, slice of the group's heads) and runs the whole sequence chunk by chunk, every
 // temporary a few KB in cache: per chunk one C B^T, per head the (q, q) weights of the diagonal
 // block built in place (no factored form, no strongly-decaying-head special case: a chunk's
