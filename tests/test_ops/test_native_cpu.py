@@ -495,10 +495,10 @@ def _scan_inputs(b, length, h, g, dtype, seed=0):
 
 
 def _scan_pytorch(args, Q):
-    """Output and gradients of the PyTorch ops' chunked scan (tiles of two chunks)."""
-    from mmdinomamba.ops.reference.ssd_chunked import _ChunkedSSD
+    """Output and gradients of the chunked scan in PyTorch (its specification)."""
+    from mmdinomamba.ops.reference import ssd_scan_chunked
     *ins, dy = [t.clone().requires_grad_() for t in args]
-    y = _ChunkedSSD.apply(*ins, Q, 2 * Q)
+    y = ssd_scan_chunked(*ins, chunk_size=Q)
     return [y.detach(), *torch.autograd.grad(y, ins, dy)]
 
 

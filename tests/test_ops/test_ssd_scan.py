@@ -65,8 +65,7 @@ def assert_float64_exact(scan, args):
             torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
 
 
-def _native_chunked(x, dt, A, B, C, D=None, chunk_size=PORTABLE_CHUNK_SIZE, tile_chunks=4,
-                    upcast=True):
+def _native_chunked(x, dt, A, B, C, D=None, chunk_size=PORTABLE_CHUNK_SIZE, upcast=True):
     """``ssd_scan_chunked``'s signature, in the native kernels (float32 / float64 inside)."""
     dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     args = [None if t is None else t.to(dtype) for t in (x, dt, A, B, C, D)]
@@ -112,27 +111,26 @@ def test_chunked_gradients_match_reference(chunked_kernels, length, groups, with
         assert rel_err(a.grad, r.grad) <= 1e-5, name
 
 
-def test_gradients_with_tiles_and_ragged_chunks(chunked_kernels):
-    """Several tiles, a ragged last chunk, state carried across tiles (float64, tight)."""
+def test_gradients_with_ragged_chunks(chunked_kernels):
+    """Several chunks, a ragged last one, states carried across them (float64, tight)."""
     args = _with_grads(make_inputs(150, groups=2, seed=2), torch.float64)
     ref = _with_grads(args, torch.float64)
     dy = torch.randn(2, 150, HEADS, HEADDIM, dtype=torch.float64)
-    ssd_scan_chunked(*args, chunk_size=16, tile_chunks=3).backward(dy)
+    ssd_scan_chunked(*args, chunk_size=16).backward(dy)
     ssd_scan_ref(*ref).backward(dy)
     for a, r in zip(args, ref):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-9, atol=1e-10)
 
 
-def test_batch_slices_are_independent(chunked_kernels):
-    """Batch 5 at L=300 runs as batch slices of 4 + 1 (work units of ~1024 token rows)."""
+def test_several_samples_float64(chunked_kernels):
     assert_float64_exact(ssd_scan_chunked, make_inputs(300, groups=2, batch=5, seed=10))
 
 
-@pytest.mark.parametrize('chunk_size,tile_chunks', [(1, 1), (7, 2), (16, 4), (64, 4), (300, 1)])
-def test_chunk_size_does_not_change_result(chunked_kernels, chunk_size, tile_chunks):
+@pytest.mark.parametrize('chunk_size', [1, 7, 16, 64, 300])
+def test_chunk_size_does_not_change_result(chunked_kernels, chunk_size):
     args = make_inputs(131, groups=2, dtype=torch.float64, seed=3)
     want = ssd_scan_ref(*args)
-    got = ssd_scan_chunked(*args, chunk_size=chunk_size, tile_chunks=tile_chunks)
+    got = ssd_scan_chunked(*args, chunk_size=chunk_size)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -222,7 +220,7 @@ def test_clear_errors(bad, match):
 
 
 def _gentle(length, groups, seed, dtype=torch.float32):
-    """Mamba-2 init ranges (dt in [1e-3, 0.1], A in [-16, -1]): every chunk is factored."""
+    """Mamba-2 init ranges: dt in [1e-3, 0.1], A in [-16, -1]."""
     args = make_inputs(length, groups, seed=seed, dtype=dtype)
     gen = torch.Generator().manual_seed(seed + 100)
     args[1] = torch.exp(torch.empty(args[1].shape, dtype=dtype).uniform_(-6.9, -2.3,
@@ -231,24 +229,33 @@ def _gentle(length, groups, seed, dtype=torch.float32):
 
 
 @pytest.mark.parametrize('length,groups', [(100, 1), (700, 2)])
-def test_factored_chunks_float32_match_float64_recurrence(length, groups):
-    """The factored diagonal blocks (all heads of a group in one product) keep the float32
-    accuracy of the per-head form, outputs and every gradient."""
-    from mmdinomamba.ops.reference.ssd_chunked_blocks import factored_scales
-    args = _gentle(length, groups, seed=11)
-    dtv = args[1][:, :PORTABLE_CHUNK_SIZE].reshape(2, 1, PORTABLE_CHUNK_SIZE, groups, -1)
-    acs = (dtv * args[2].reshape(groups, -1)).cumsum(2)
-    assert factored_scales(dtv, args[2], acs) is not None
-    assert_float32_close_to_float64(ssd_scan_chunked, args)  # the PyTorch ops' form
+def test_gentle_decays_float32_match_float64_recurrence(chunked_kernels, length, groups):
+    """Long memories (little decay within and across chunks) keep float32 accuracy, outputs and
+    every gradient."""
+    assert_float32_close_to_float64(ssd_scan_chunked, _gentle(length, groups, seed=11))
 
 
-def test_factored_and_per_head_blocks_in_one_scan_float64():
-    """Blocks that decay too strongly to factor take the per-head form, the others the factored
-    one, within one scan (state carried between them): tight in float64."""
-    from mmdinomamba.ops.reference.ssd_chunked_blocks import factored_scales
+def test_gentle_and_strongly_decaying_chunks_in_one_scan_float64(chunked_kernels):
+    """One chunk decays by hundreds per token (decay weights far below exp(-60), its upper
+    triangle's exponents far above 0), the others gently; states cross it: tight in float64."""
     args = _gentle(160, 2, seed=12, dtype=torch.float64)
-    args[1][:, 96:128] *= 400.0  # the fourth block of 32 tokens (tiles of one chunk)
-    dtv = [args[1][:, i:i + 32].reshape(2, 1, 32, 2, -1) for i in range(0, 160, 32)]
-    blocks = [factored_scales(d, args[2], (d * args[2].reshape(2, -1)).cumsum(2)) for d in dtv]
-    assert [s is None for s in blocks] == [False, False, False, True, False]
-    assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32, tile_chunks=1), args)
+    args[1][:, 96:128] *= 400.0  # the fourth chunk of 32 tokens
+    assert_float64_exact(lambda *a: ssd_scan_chunked(*a, chunk_size=32), args)
+
+
+def test_native_states_are_kept_in_pieces():
+    """The native scan keeps the states entering its chunks in pieces of at most 16 MiB (here
+    float64 states of 1 MiB per chunk: 16 chunks a piece); the backward pass reads them all:
+    gradients equal the recurrence's."""
+    from mmdinomamba.ops.cpu import native_cpu
+    gen = torch.Generator().manual_seed(13)
+    length, h, p, n = 81, 32, 64, 64  # 41 chunks of two tokens (the last one ragged)
+    args = [torch.randn(1, length, h, p, generator=gen, dtype=torch.float64),
+            torch.rand(1, length, h, generator=gen, dtype=torch.float64) / 10,
+            -torch.linspace(1, 8, h, dtype=torch.float64),
+            *(torch.randn(1, length, 1, n, generator=gen, dtype=torch.float64) for _ in range(2)),
+            torch.randn(h, generator=gen, dtype=torch.float64)]
+    _, states = native_cpu.chunk_scan_forward(*args, 2, True)
+    assert [s.shape[1] for s in states] == [16, 16, 9]
+    assert all(s.numel() * s.element_size() <= 16 << 20 for s in states)
+    assert_float64_exact(lambda *a: ssd_scan_chunked_native(*a, chunk_size=2), args)

@@ -14,9 +14,9 @@ of ``--repeats`` calls after that first call (wall clock; CUDA synchronized).
 
 Implementations:
 
-* ``portable``: ``mmdinomamba.ops.ssd_scan(..., backend='torch')`` (chunks of 32, hand-written
-  backward; on CPU the native kernels where they are built, else the PyTorch reference: set
-  ``MMDINOMAMBA_KERNELS=0`` to time that);
+* ``portable``: ``mmdinomamba.ops.ssd_scan(..., backend='torch')`` (chunks of 32; on CPU
+  the native kernels with their hand-written backward where they are built, else the PyTorch
+  reference with autograd: set ``MMDINOMAMBA_KERNELS=0`` to time that);
 * ``minimal-<block>``: the 4-step segsum algorithm of mamba_ssm's ``ssd_minimal.py``
   (re-written here): per-head B/C, L padded to a multiple of the block, 5-D einsums and a
   (chunks+1)^2 segsum for the state passing; autograd for the backward;

@@ -1,22 +1,21 @@
 """The chunked SSD scan in the native CPU kernels (:func:`.native_cpu.chunk_scan_forward`):
-the algorithm and backward pass of :mod:`mmdinomamba.ops.reference.ssd_chunked`, one work unit
-per (sample, group, slice of the group's heads) running the whole sequence chunk by chunk with
-every temporary in cache, the diagonal blocks' weights built per head, the heads of a unit side
-by side as the columns of the state products (about 1.6-2.1x faster than the PyTorch ops,
-forward + backward, ``tools/analysis/benchmark_ssd.py``'s inputs)."""
+Mamba-2's block decomposition of :mod:`mmdinomamba.ops.reference.ssd_chunked`, one work unit per
+(sample, group, slice of the group's heads) running the whole sequence chunk by chunk with every
+temporary in cache, and a hand-written backward pass that recomputes from the inputs and the
+states kept at the chunk starts."""
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..reference.ssd_chunked import _ChunkedSSD
+from ..reference.ssd_ref import ssd_scan_ref
 from . import native_cpu
 
 __all__ = ['ssd_scan_chunked_native']
 
 
 class _NativeChunkedSSD(torch.autograd.Function):
-    """The same scan in the native CPU kernels (:func:`.native_cpu.chunk_scan_forward`): the
-    states entering each chunk are kept for the backward pass, as above."""
+    """Saves the inputs and the states entering each chunk (in pieces of at most 16 MiB, see
+    :func:`.native_cpu.chunk_scan_forward`); the backward kernel recomputes the rest."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, Q):
@@ -34,20 +33,12 @@ class _NativeChunkedSSD(torch.autograd.Function):
         return dx, ddt, dA, dB, dC, None if D is None else dD, None
 
 
-class _SelfCheckContext:
-    """What :class:`_ChunkedSSD`'s forward and backward read of an autograd context, for
-    calling them directly."""
-    needs_input_grad = (True, ) * 6
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
-
-
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """One small float32 scan (two groups, several chunks and a ragged one, a strongly decaying
-    head) forward and backward in the native kernels and in the PyTorch ops above; returns what
-    differs by more than ``native_cpu.SELF_CHECK_TOL``, or None."""
+    head) forward and backward in the native kernels, against the float64 recurrence
+    :func:`~mmdinomamba.ops.reference.ssd_scan_ref`; returns what differs by more than
+    ``native_cpu.SELF_CHECK_TOL``, or None."""
     gen = torch.Generator().manual_seed(0)
     b, length, h, p, g, n, Q = 2, 45, 4, 8, 2, 8, 8
     x, dy = (torch.randn(b, length, h, p, generator=gen) for _ in range(2))
@@ -56,18 +47,21 @@ def _native_self_check() -> str | None:
     A = -torch.tensor([4., 1., 2., 8.])
     B, C = (torch.randn(b, length, g, n, generator=gen) for _ in range(2))
     D = torch.randn(h, generator=gen)
-    # no autograd graph: the first call may come from inside a checkpointed block, whose
-    # saved-tensor hooks would count what a graph here saved
-    ctx = _SelfCheckContext()
     with torch.no_grad(), torch.autocast('cpu', enabled=False):
         y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, True)
         got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
-        want = [_ChunkedSSD.forward(ctx, x, dt, A, B, C, D, Q, 2 * Q),
-                *_ChunkedSSD._backward(ctx, dy)[:6]]
+    # the first call may come from a no-grad forward or inside an activation checkpoint: the
+    # reference's graph stays here (identity hooks) and nothing returned carries it
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
+            'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(
+                lambda t: t, lambda t: t):
+        ins = [t.double().requires_grad_() for t in (x, dt, A, B, C, D)]
+        y_ref = ssd_scan_ref(*ins)
+        want = [y_ref.detach(), *torch.autograd.grad(y_ref, ins, dy.double())]
     for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
-        err = ((a - r).norm() / r.norm()).item()
+        err = ((a.double() - r).norm() / r.norm()).item()
         if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-            return f'chunked scan {name}: relative error {err:.2e} against the PyTorch ops'
+            return f'chunked scan {name}: relative error {err:.2e} against the reference'
     return None
 
 

@@ -33,7 +33,7 @@ from torch.profiler import record_function
 
 from . import native_cpu
 from . import ssd_quadratic_heads as heads
-from ..reference.ssd_chunked_blocks import FACTORED_RANGE
+from ..reference import FACTORED_RANGE
 from .ssd_quadratic_heads import cumulative
 from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
                             masked_outer)

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from . import native_cpu
-from ..reference.ssd_chunked_blocks import exp_decay
+from ..reference import exp_decay
 from .ssd_triangles import block_bounds, native_blocks
 
 __all__ = ['cumulative', 'add_forward', 'add_saved', 'add_backward']

@@ -9,20 +9,32 @@ which unrolls to ``y = M x + D x`` with the lower-triangular semiseparable matri
 
     M_ij = (C_i . B_j) exp(sum_{k=j+1..i} dt_k A) dt_j     for i >= j, else 0.
 
-Both functions here are slow on purpose and only used as references (tests, analysis).
+The recurrence and the matrices here are slow on purpose and only used as references (tests,
+analysis); the chunked scan (:mod:`.ssd_chunked`) is the reference for long sequences.
 """
 import torch
 from torch import Tensor
 
-__all__ = ['ssd_scan_ref', 'ssd_scan_quadratic_ref', 'ssd_mixing_matrix', 'ssd_decay_matrix',
-           'check_ssd_shapes']
+__all__ = ['ssd_scan_ref', 'ssd_mixing_matrix', 'ssd_decay_matrix', 'check_ssd_shapes',
+           'FACTORED_RANGE', 'exp_decay']
+
+#: Largest decay range ``|s_last - s_first|`` (``s`` a cumulative sum of ``dt A``) that the CPU
+#: kernels compute in a factored form ``exp(s_i - s_j) = exp(s_i - m) exp(m - s_j)``: both
+#: factors within ``exp(+-50)``.
+FACTORED_RANGE = 100.0
 
 
-def check_ssd_shapes(x: Tensor,
-                     dt: Tensor,
-                     A: Tensor,
-                     B: Tensor,
-                     C: Tensor,
+def exp_decay(t: Tensor) -> Tensor:
+    """``exp`` of decay exponents (``t <= 0``), clamped to ``[-60, 0]``, in place on ``t``.
+
+    Clamping from above maps a masked upper triangle to ``exp(0)`` (masked afterwards); from
+    below it keeps every factor a normal float (subnormal exponentials are 20-200x slower on x86
+    CPUs); the change to any output is below 1e-26 relative.
+    """
+    return t.clamp_(-60.0, 0.0).exp_()
+
+
+def check_ssd_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                      D: Tensor | None = None) -> None:
     """Raise a ``ValueError`` naming the argument whose shape breaks the SSD contract."""
     if x.dim() != 4:
@@ -48,11 +60,7 @@ def _heads_view(t: Tensor, heads: int) -> Tensor:
     return t.repeat_interleave(heads // t.shape[2], dim=2)
 
 
-def ssd_scan_ref(x: Tensor,
-                 dt: Tensor,
-                 A: Tensor,
-                 B: Tensor,
-                 C: Tensor,
+def ssd_scan_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                  D: Tensor | None = None) -> Tensor:
     """Naive sequential SSD recurrence (the specification; O(L) Python steps).
 
@@ -75,11 +83,11 @@ def ssd_scan_ref(x: Tensor,
     Bh, Ch = _heads_view(B, h), _heads_view(C, h)
     state = x.new_zeros(b, h, Bh.shape[-1], p)
     ys = []
-    for t in range(length):
-        decay = torch.exp(dt[:, t] * A)[..., None, None]
-        inp = (dt[:, t, :, None, None] * Bh[:, t, :, :, None]) * x[:, t, :, None, :]
-        state = state * decay + inp
-        ys.append(torch.einsum('bhn,bhnp->bhp', Ch[:, t], state))
+    # unbind, not x[:, t]: one backward for all steps, not a full-size gradient per step
+    for x_t, dt_t, B_t, C_t in zip(x.unbind(1), dt.unbind(1), Bh.unbind(1), Ch.unbind(1)):
+        inp = (dt_t[..., None, None] * B_t[..., :, None]) * x_t[..., None, :]
+        state = state * torch.exp(dt_t * A)[..., None, None] + inp
+        ys.append(torch.einsum('bhn,bhnp->bhp', C_t, state))
     y = torch.stack(ys, dim=1) if ys else x.new_zeros(x.shape)
     if D is not None:
         y = y + x * D[:, None]
@@ -104,8 +112,7 @@ def ssd_decay_matrix(dt: Tensor, A: Tensor) -> Tensor:
                          f'got dt {tuple(dt.shape)}, A {tuple(A.shape)}')
     cs = torch.cumsum(dt.double() * A.double(), dim=1).transpose(1, 2)  # (B, h, L)
     seg = cs[..., :, None] - cs[..., None, :]
-    length = dt.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=dt.device).tril()
+    causal = torch.ones(seg.shape[-2:], dtype=torch.bool, device=dt.device).tril()
     return torch.exp(seg.masked_fill(~causal, float('-inf')))
 
 
@@ -133,19 +140,5 @@ def ssd_mixing_matrix(dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     g = B.shape[2]
     if h % g != 0:
         raise ValueError(f'heads ({h}) must be a multiple of groups ({g})')
-    cs = torch.cumsum((dt * A).double(), dim=1).transpose(1, 2)  # (b, h, L)
-    seg = cs[..., :, None] - cs[..., None, :]
-    causal = torch.ones(length, length, dtype=torch.bool, device=dt.device).tril()
-    decay = torch.exp(seg.masked_fill(~causal, float('-inf'))).to(dt.dtype)
     cb = torch.einsum('bign,bjgn->bgij', C, B).repeat_interleave(h // g, dim=1)  # (b, h, L, L)
-    return cb * decay * dt.transpose(1, 2)[:, :, None, :]
-
-
-def ssd_scan_quadratic_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                           D: Tensor | None = None) -> Tensor:
-    """The SSD scan in its quadratic form, ``y = M x + D x`` with ``M`` of
-    :func:`ssd_mixing_matrix` (the arguments and result of :func:`ssd_scan_ref`; memory grows
-    with ``L^2``)."""
-    check_ssd_shapes(x, dt, A, B, C, D)
-    y = torch.einsum('bhij,bjhp->bihp', ssd_mixing_matrix(dt, A, B, C).to(x.dtype), x)
-    return y if D is None else y + x * D[:, None].to(x.dtype)
+    return cb * ssd_decay_matrix(dt, A).to(dt.dtype) * dt.transpose(1, 2)[:, :, None, :]

@@ -5,9 +5,12 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The chunked SSD scan, forward and backward (ssd_chunked.py and its hand-written backward,
-// ssd_chunked_bwd.py, are the specification; the notation is theirs: chunks of Q tokens, s the
-// chunk-local cumulative sum of a = dt A, H the state entering a chunk). A work unit is one
+// The chunked SSD scan: the block decomposition of the reference ssd_chunked.py (chunks of Q
+// tokens, s the chunk-local cumulative sum of a = dt A, H the state entering a chunk), and its
+// backward pass by hand: with W_ij = (C_i . B_j) exp(s_i - s_j) dt_j and G = dy x^T o W,
+// da_k = sum_{j < k <= i} G_ij summed directly (row minus column sums cancel for strong decays);
+// y_i += exp(s_i) C_i H and H_out = exp(s_Q) H + sum_j exp(s_Q - s_j) dt_j B_j x_j^T are
+// reversed chunk by chunk; finally ddt += da A and dA = sum da dt. A work unit is one
 // (sample, group, slice of the group's heads) and runs the whole sequence chunk by chunk, every
 // temporary a few KB in cache: per chunk one C B^T, per head the (q, q) weights of the diagonal
 // block built in place (no factored form, no strongly-decaying-head special case: a chunk's
@@ -60,7 +63,7 @@ struct StatePieces {
   }
 };
 
-// exp of a decay exponent clamped to [-60, 0] (ssd_chunked_blocks.exp_decay).
+// exp of a decay exponent clamped to [-60, 0] (the reference's exp_decay).
 template <typename T>
 inline T scan_decay(double e) {
   return exp_inline<T>(static_cast<T>(std::min(std::max(e, -60.0), 0.0)));
