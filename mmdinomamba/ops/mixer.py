@@ -6,7 +6,9 @@ at the data, so no host sync and no graph break), one path:
 * CPU, native kernels built, at most :func:`~mmdinomamba.ops.ssd.quadratic_max_len`
   tokens: the ``mmdinomamba::bidir_ssd`` op (:mod:`.cpu.custom_ops`; conv, quadratic scan and
   merge, and ``out_proj`` where it is a plain ``nn.Linear``);
-* CUDA with the kernels: our conv + ``mamba_ssm``'s scan as one function, then our merge kernel;
+* CUDA with the kernels: the ops ``mmdinomamba::bidir_conv_scan`` (our conv kernel and
+  ``mamba_ssm``'s scan) and ``mmdinomamba::bidir_gated_merge`` (our merge kernel) of
+  :mod:`.cuda` (one graph node each under ``torch.compile``);
 * longer CPU sequences: the same composition, with the native chunked scan, under activation
   checkpointing (the projection kept, the rest recomputed in the backward pass);
 * everything else, and inside :func:`~mmdinomamba.ops.reference_ops`: the reference

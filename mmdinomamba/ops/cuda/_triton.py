@@ -1,4 +1,4 @@
-"""The one place where optional CUDA kernels are imported (lazily, guarded, logged once).
+"""The one place where optional CUDA kernels are imported (lazily, guarded, decided once).
 
 Kernels (each looked up on first CUDA use, never at package import):
 
@@ -23,16 +23,15 @@ files, its ``__init__.py`` not executed) in ``sys.modules`` and import the kerne
 through it. We do NOT insert a fake ``selective_scan_cuda`` module: the bare package is only
 created when the real package cannot be imported at all, so it hides nothing that worked.
 
-Whether a kernel is usable is decided once, on its first lookup, and never during a CUDA graph
-capture (that raises: warm the kernels up with one step first; the first lookup imports,
-compiles and self-checks): any failure then (no CUDA, no Triton, no ``mamba_ssm``, an import
-error inside the kernels, a failed self-check) is warned about once, naming the reason, and the
-caller runs the reference from then on. Inside :func:`~mmdinomamba.ops.reference_ops` every
-lookup reports None. The mixer's two ops (``conv_scan``, ``bidir_merge``: ``torch.library`` ops)
-are reached through :func:`kernel`, which ``torch.compile`` traces with the decision as a
-constant (no graph break); the library kernels through :func:`run_kernel`, which raises what a
-kernel raises at run time and is opaque to ``torch.compile``. :func:`on_kernel_device` is the
-one test of whether a tensor takes the kernel branch.
+Whether a kernel is usable is decided once, on its first lookup (never inside a CUDA graph
+capture: that raises; warm up one step first, the lookup imports, compiles and self-checks):
+any failure then (no CUDA, no Triton, no ``mamba_ssm``, an import error, a failed self-check)
+is one warning naming the reason, and the caller runs the reference from then on. Inside
+:func:`~mmdinomamba.ops.reference_ops` every lookup reports None. The mixer's two
+``torch.library`` ops are reached through :func:`kernel` (traced by ``torch.compile``, the
+decision a constant: no graph break), the library kernels through :func:`run_kernel` (opaque
+to ``torch.compile``); both raise what a kernel raises at run time. :func:`on_kernel_device` is
+the one test of whether a tensor takes the kernel branch.
 """
 import importlib
 import importlib.util
@@ -58,15 +57,11 @@ def on_kernel_device(x) -> bool:
     return x.is_cuda
 
 
-def log_once(key: str, msg: str, warn: bool = False) -> None:
-    """Log ``msg`` through mmengine's current logger (``warn``: as a warning) the first time
-    ``key`` is seen."""
+def log_once(key: str, msg: str) -> None:
+    """Log ``msg`` through mmengine's current logger the first time ``key`` is seen."""
     if key in _logged:
         return
     _logged.add(key)
-    if warn:
-        warnings.warn(f'mmdinomamba.ops: {msg}', RuntimeWarning, stacklevel=3)
-        return
     from mmengine.logging import print_log
     print_log(f'mmdinomamba.ops: {msg}', logger='current')
 
@@ -99,8 +94,8 @@ def _lookup(key: str, module: str, attr: str, what: str,
     """Find ``module.attr`` once (cached); log which implementation is used. With
     ``self_check``, ``module.self_check()`` must pass first (it compiles and runs the kernel
     once on a small input, so a kernel that fails to build degrades here, not mid-training).
-    Opaque to ``torch.compile``, like :func:`run_kernel`: a lookup may come from compiled code
-    (e.g. BiSSD choosing its merge kernel before the checkpointed merge)."""
+    Never traced by ``torch.compile`` (compiled code reaches it through :func:`kernel`, which
+    runs it outside the trace, or :func:`run_kernel`)."""
     if not kernels_enabled():
         return None
     if key not in _cache:
@@ -119,9 +114,8 @@ def _lookup(key: str, module: str, attr: str, what: str,
             log_once(key, f'{what}: using {module}.{attr} for CUDA tensors')
         except Exception as err:  # decided once: the reference runs from now on
             fn = None
-            log_once(
-                key, f'{what}: {module}.{attr} unavailable ({type(err).__name__}: '
-                f'{err}); using the PyTorch reference', warn=True)
+            warnings.warn(f'mmdinomamba.ops: {what}: {module}.{attr} unavailable '
+                          f'({type(err).__name__}: {err}); using the PyTorch reference')
         _cache[key] = fn
     return _cache[key]
 
@@ -159,7 +153,7 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
 def run_kernel(key: str, lookup: Callable[[], Callable | None], what: str, *args,
                **kwargs) -> Any | None:
     """``lookup()(*args, **kwargs)``, or None when the kernel is unavailable (decided once, on
-    its first lookup, with a logged note). An error inside the kernel is raised, never
+    its first lookup, with a warning). An error inside the kernel is raised, never
     swallowed. Opaque to ``torch.compile``: tracing into ``mamba_ssm``'s host code or our
     self-checks is neither useful nor safe."""
     fn = lookup()
@@ -168,7 +162,7 @@ def run_kernel(key: str, lookup: Callable[[], Callable | None], what: str, *args
 
 @torch.compiler.assume_constant_result
 def _usable(key: str) -> bool:
-    return globals()[_LOOKUPS[key]]() is not None
+    return (conv_scan_fn if key == 'conv_scan' else bidir_merge_fn)() is not None
 
 
 def kernel(key: str) -> Callable | None:
@@ -221,6 +215,3 @@ def conv_scan_fn() -> Callable | None:
         return None
     return _lookup('conv_scan', 'mmdinomamba.ops.cuda.bidir_conv_scan_triton', 'bidir_conv_scan',
                    'fused conv + scan with conv recomputation', self_check=True)
-
-
-_LOOKUPS = dict(conv_scan='conv_scan_fn', bidir_merge='bidir_merge_fn')

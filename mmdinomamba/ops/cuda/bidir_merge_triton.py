@@ -1,11 +1,9 @@
 """Triton kernels of :func:`mmdinomamba.ops.bidir_gated_merge` (forward and backward).
 
-The op ``mmdinomamba::bidir_gated_merge`` (a fake implementation; it also returns the per-group
-rstd, which its backward, the op ``mmdinomamba::bidir_gated_merge_backward``, reads with ``y``,
-``z`` and the weight). Imported only on first CUDA use (``_triton.bidir_merge_fn``), never at
-package import. Registered for every device: tested on CPU tensors through Triton's interpreter
-(``TRITON_INTERPRET=1``) against the reference (``tests/test_ops/test_bidir_merge.py``), and on
-a GPU by the ``gpu``-marked tests.
+The op ``mmdinomamba::bidir_gated_merge`` (also returns the rstd that its backward op reads) and
+``mmdinomamba::bidir_gated_merge_backward``, imported only on first CUDA use
+(``_triton.bidir_merge_fn``). Registered for every device: tested on CPU tensors through
+Triton's interpreter against the reference (``tests/test_ops/``), on a GPU by ``gpu`` tests.
 
 One program per (row, group) in the forward, where row ``r = b L + t``; the backward direction
 of row ``r`` is read at ``b L + (L - 1 - t)`` in channels ``[d, 2d)``. With ``s = silu(z)``,
@@ -16,8 +14,8 @@ direction: ``dn = g w / 2``, ``dh = rstd (dn - n mean(dn n))``, ``dy = dh s``,
 """
 import torch
 import triton
-from torch import Tensor
 import triton.language as tl
+from torch import Tensor
 
 __all__ = ['bidir_gated_merge', 'self_check']
 
