@@ -74,7 +74,8 @@ def bidir_ssd(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dt_bi
         out_proj (nn.Module): the output projection.
         backend (str): ``'ref'``: the reference with the sequential recurrence; ``'torch'``:
             no ``mamba_ssm`` on CUDA; ``'triton'``: not the CPU op. Defaults to 'auto'.
-        chunk_size (int): chunk length of the CUDA scan. Defaults to 256.
+        chunk_size (int): chunk length of the CUDA scan (fitted down to shorter sequences:
+            :func:`~mmdinomamba.ops.cuda._triton.fitted_chunk`). Defaults to 256.
         recompute_merge (bool): CUDA: recompute the merged output in the backward pass
             instead of keeping it for ``out_proj`` (less memory, a little slower). Defaults to
             False.
