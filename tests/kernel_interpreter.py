@@ -49,6 +49,20 @@ def route_lazily(mamba: bool = True) -> None:
     _triton.on_kernel_device = lambda x: True
 
 
+def route_ops() -> None:
+    """Route CPU tensors to the mixer's two ops (``mmdinomamba::bidir_conv_scan`` and
+    ``mmdinomamba::bidir_gated_merge``) as on a GPU, without their self-checks (the caller
+    compares with the reference itself)."""
+    from mmdinomamba.ops.cuda import (_triton, bidir_conv_scan_triton, bidir_conv_triton,
+                                      bidir_merge_triton)
+    _patch_cuda_host_calls()
+    _triton._cache.clear()
+    _triton._cache.update(conv=None, norm=None, bidir_conv=bidir_conv_triton.bidir_causal_conv,
+                          bidir_merge=bidir_merge_triton.bidir_gated_merge,
+                          conv_scan=bidir_conv_scan_triton.bidir_conv_scan)
+    _triton.on_kernel_device = lambda x: True
+
+
 def route(mamba: bool = True) -> list:
     """Route CPU tensors to the kernels; returns the names of the kernels in use. ``mamba``:
     also ``mamba_ssm``'s scan and norm if installed (else the portable scan and norm)."""

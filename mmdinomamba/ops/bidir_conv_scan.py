@@ -1,5 +1,5 @@
 """Both directions' causal conv + SSD scan of a bidirectional Mamba-2 mixer in one call; on CUDA
-one autograd function that recomputes the conv in the backward pass instead of keeping it."""
+one op that recomputes the conv in the backward pass instead of keeping it."""
 from typing import Sequence
 
 from torch import Tensor
@@ -38,10 +38,10 @@ def bidir_conv_scan(xBC: Tensor,
     """SSD scan of both directions on their causal conv + SiLU outputs
     (:func:`~mmdinomamba.ops.reference.bidir_conv_scan_ref` says exactly what).
 
-    On CUDA with ``mamba_ssm`` this is one autograd function (our fused conv kernel and
-    ``mamba_ssm``'s SSD forward / backward, softplus inside the scan kernel) that keeps only its
-    inputs and the scan output and recomputes the conv in the backward pass; elsewhere the
-    composition :func:`bidir_conv_scan_composed`.
+    On CUDA with ``mamba_ssm`` this is the op ``mmdinomamba::bidir_conv_scan`` (our fused conv
+    kernel and ``mamba_ssm``'s SSD forward / backward, softplus inside the scan kernel) that keeps
+    only its inputs and the scan output and recomputes the conv in the backward pass; elsewhere
+    the composition :func:`bidir_conv_scan_composed`.
 
     Args:
         xBC (Tensor): (B, L, C) conv input, channels ``[x, B, C]``, last dim contiguous.
@@ -64,7 +64,6 @@ def bidir_conv_scan(xBC: Tensor,
     args = (xBC, conv_weight, conv_bias, dt, dt_bias, A, D, tuple(splits), headdim, d_state,
             chunk_size)
     if (backend in ('auto', 'triton') and _triton.on_kernel_device(xBC)
-            and (y := _triton.run_kernel('conv_scan', _triton.conv_scan_fn,
-                                         'fused conv + scan', *args)) is not None):
-        return y
+            and (op := _triton.kernel('conv_scan')) is not None):
+        return op(*args)
     return bidir_conv_scan_composed(*args, backend=backend)

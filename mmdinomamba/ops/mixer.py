@@ -6,7 +6,9 @@ at the data, so no host sync and no graph break), one path:
 * CPU, native kernels built, at most :func:`~mmdinomamba.ops.ssd.quadratic_max_len`
   tokens: the ``mmdinomamba::bidir_ssd`` op (:mod:`.cpu.custom_ops`; conv, quadratic scan and
   merge, and ``out_proj`` where it is a plain ``nn.Linear``);
-* CUDA with the kernels: our conv + ``mamba_ssm``'s scan as one function, then our merge kernel;
+* CUDA with the kernels: the ops ``mmdinomamba::bidir_conv_scan`` (our conv kernel and
+  ``mamba_ssm``'s scan) and ``mmdinomamba::bidir_gated_merge`` (our merge kernel) of
+  :mod:`.cuda` (one graph node each under ``torch.compile``);
 * longer CPU sequences: the same composition, with the native chunked scan, under activation
   checkpointing (the projection kept, the rest recomputed in the backward pass);
 * everything else, and inside :func:`~mmdinomamba.ops.reference_ops`: the reference
@@ -72,7 +74,8 @@ def bidir_ssd(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dt_bi
         out_proj (nn.Module): the output projection.
         backend (str): ``'ref'``: the reference with the sequential recurrence; ``'torch'``:
             no ``mamba_ssm`` on CUDA; ``'triton'``: not the CPU op. Defaults to 'auto'.
-        chunk_size (int): chunk length of the CUDA scan. Defaults to 256.
+        chunk_size (int): chunk length of the CUDA scan (fitted down to shorter sequences:
+            :func:`~mmdinomamba.ops.cuda._triton.fitted_chunk`). Defaults to 256.
         recompute_merge (bool): CUDA: recompute the merged output in the backward pass
             instead of keeping it for ``out_proj`` (less memory, a little slower). Defaults to
             False.

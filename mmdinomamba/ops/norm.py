@@ -81,8 +81,9 @@ def bidir_gated_merge(y: Tensor, z: Tensor, weight: Tensor | None, eps: float = 
     direction, gate and normalize each direction, average
     (:func:`~mmdinomamba.ops.reference.bidir_gated_merge_ref` says exactly what).
 
-    On CUDA this is one Triton kernel (forward and backward) that reads the backward direction
-    at the flipped time index and writes the gradient straight into the scan's layout.
+    On CUDA this is the op ``mmdinomamba::bidir_gated_merge``: one Triton kernel (forward and
+    backward) that reads the backward direction at the flipped time index and writes the
+    gradient straight into the scan's layout.
 
     Args:
         y (Tensor): (B, L, 2d) both directions' scan outputs (backward half flipped).
@@ -97,8 +98,6 @@ def bidir_gated_merge(y: Tensor, z: Tensor, weight: Tensor | None, eps: float = 
         Tensor: (B, L, d) in the dtype of ``y``.
     """
     group_size = check_merge(y, z, weight, group_size)
-    if _triton.on_kernel_device(y) and (out := _triton.run_kernel(
-            'bidir_merge', _triton.bidir_merge_fn, 'fused bidirectional merge', y, z, weight,
-            eps, group_size)) is not None:
-        return out
+    if _triton.on_kernel_device(y) and (op := _triton.kernel('bidir_merge')) is not None:
+        return op(y, z, weight, eps, group_size)
     return bidir_gated_merge_ref(y, z, weight, eps, group_size)

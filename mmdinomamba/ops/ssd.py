@@ -57,7 +57,8 @@ def ssd_scan(x: Tensor,
             ``i // (heads // groups)``.
         C (Tensor): (batch, length, groups, state).
         D (Tensor, optional): (heads,) skip weights. Defaults to None.
-        chunk_size (int): chunk length of the Triton kernel (the CPU scans choose their own
+        chunk_size (int): chunk length of the Triton kernel, fitted to shorter sequences
+            (:func:`~mmdinomamba.ops.cuda._triton.fitted_chunk`; the CPU scans choose their own
             blocks; the result does not depend on them beyond rounding). Defaults to 256.
         backend (str): ``'auto'``, ``'torch'`` (no ``mamba_ssm``), ``'triton'`` or ``'ref'``.
             Defaults to 'auto'.
@@ -72,7 +73,7 @@ def ssd_scan(x: Tensor,
         return ssd_scan_ref(x, dt, A, B, C, D)
     if backend != 'torch' and _triton.on_kernel_device(x) and (y := _triton.run_kernel(
             'scan', _triton.chunk_scan_fn, 'mamba_chunk_scan_combined', x, dt, A, B, C,
-            chunk_size, D=D)) is not None:
+            _triton.fitted_chunk(x.shape[1], chunk_size), D=D)) is not None:
         return y
     if backend != 'triton' and x.dtype in (torch.float32, torch.float64) and native_cpu.use_for(x):
         args = [None if t is None else t.to(x.dtype) for t in (x, dt, A, B, C, D)]

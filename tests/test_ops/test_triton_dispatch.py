@@ -3,6 +3,7 @@ marker)."""
 import importlib
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -26,9 +27,19 @@ def test_missing_mamba_ssm_degrades_to_none(fresh_kernel_cache, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None
                         if name == 'mamba_ssm' else real_find_spec(name, *a))
-    assert _triton.chunk_scan_fn() is None
-    assert _triton.chunk_scan_fn() is None  # cached, logged once
-    assert 'scan' in _triton._logged
+    with pytest.warns(UserWarning, match='SSD scan: .* unavailable .*mamba_ssm is not installed'):
+        assert _triton.chunk_scan_fn() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert _triton.chunk_scan_fn() is None  # decided once: no second warning
+
+
+def test_first_lookup_inside_a_cuda_graph_capture_raises(fresh_kernel_cache, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_current_stream_capturing', lambda: True)
+    with pytest.raises(RuntimeError, match='inside a CUDA graph capture'):
+        _triton.chunk_scan_fn()
+    assert 'scan' not in _triton._cache
 
 
 def test_broken_package_init_is_bypassed(fresh_kernel_cache, monkeypatch, tmp_path):

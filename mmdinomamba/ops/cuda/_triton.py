@@ -1,4 +1,4 @@
-"""The one place where optional CUDA kernels are imported (lazily, guarded, logged once).
+"""The one place where optional CUDA kernels are imported (lazily, guarded, decided once).
 
 Kernels (each looked up on first CUDA use, never at package import):
 
@@ -9,9 +9,9 @@ Kernels (each looked up on first CUDA use, never at package import):
   (``bidir_conv_triton.py``), and ``bidir_gated_merge``, our kernel of the output side (un-flip,
   two gated RMSNorms, average; ``bidir_merge_triton.py``), each used after a one-off self-check
   against the reference;
-* ``bidir_conv_scan``: our conv kernel and ``mamba_ssm``'s SSD forward / backward as one autograd
-  function that recomputes the conv in the backward pass (``bidir_conv_scan_triton.py``), after
-  a self-check against the composition.
+* ``bidir_conv_scan``: our conv kernel and ``mamba_ssm``'s SSD forward / backward as one op that
+  recomputes the conv in the backward pass (``bidir_conv_scan_triton.py``), after a self-check
+  against the composition.
 
 How ``mamba_ssm`` is reached: ``mamba_ssm==2.3.2.post1`` installed without its CUDA build (the
 pure-Python wheel, ``MAMBA_SKIP_CUDA_BUILD=TRUE``) cannot be imported as a package, because
@@ -23,19 +23,21 @@ files, its ``__init__.py`` not executed) in ``sys.modules`` and import the kerne
 through it. We do NOT insert a fake ``selective_scan_cuda`` module: the bare package is only
 created when the real package cannot be imported at all, so it hides nothing that worked.
 
-Whether a kernel is usable is decided once, on its first lookup: any failure then (no CUDA, no
-Triton, no ``mamba_ssm``, an import error inside the kernels, a failed self-check) is logged
-once and the caller runs the reference from then on. Inside
-:func:`~mmdinomamba.ops.reference_ops` every lookup reports None. Dispatchers call every kernel
-through :func:`run_kernel`, which raises what a kernel raises at run time and is opaque to
-``torch.compile``; :func:`on_kernel_device` is the one test of whether a tensor takes the
-kernel branch. Warm the kernels up (one step) before capturing a CUDA graph: the first lookup
-imports, compiles and self-checks.
+Whether a kernel is usable is decided once, on its first lookup (never inside a CUDA graph
+capture: that raises; warm up one step first, the lookup imports, compiles and self-checks):
+any failure then (no CUDA, no Triton, no ``mamba_ssm``, an import error, a failed self-check)
+is one warning naming the reason, and the caller runs the reference from then on. Inside
+:func:`~mmdinomamba.ops.reference_ops` every lookup reports None. The mixer's two
+``torch.library`` ops are reached through :func:`kernel` (traced by ``torch.compile``, the
+decision a constant: no graph break), the library kernels through :func:`run_kernel` (opaque
+to ``torch.compile``); both raise what a kernel raises at run time. :func:`on_kernel_device` is
+the one test of whether a tensor takes the kernel branch.
 """
 import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -92,11 +94,14 @@ def _lookup(key: str, module: str, attr: str, what: str,
     """Find ``module.attr`` once (cached); log which implementation is used. With
     ``self_check``, ``module.self_check()`` must pass first (it compiles and runs the kernel
     once on a small input, so a kernel that fails to build degrades here, not mid-training).
-    Opaque to ``torch.compile``, like :func:`run_kernel`: a lookup may come from compiled code
-    (e.g. BiSSD choosing its merge kernel before the checkpointed merge)."""
+    Never traced by ``torch.compile`` (compiled code reaches it through :func:`kernel`, which
+    runs it outside the trace, or :func:`run_kernel`)."""
     if not kernels_enabled():
         return None
     if key not in _cache:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f'{what}: first used inside a CUDA graph capture; run one step '
+                               'before capturing (the first use imports and self-checks)')
         try:
             if module.startswith('mamba_ssm'):
                 importlib.import_module('triton')
@@ -109,9 +114,8 @@ def _lookup(key: str, module: str, attr: str, what: str,
             log_once(key, f'{what}: using {module}.{attr} for CUDA tensors')
         except Exception as err:  # decided once: the reference runs from now on
             fn = None
-            log_once(
-                key, f'{what}: {module}.{attr} unavailable ({type(err).__name__}: '
-                f'{err}); using the PyTorch reference')
+            warnings.warn(f'mmdinomamba.ops: {what}: {module}.{attr} unavailable '
+                          f'({type(err).__name__}: {err}); using the PyTorch reference')
         _cache[key] = fn
     return _cache[key]
 
@@ -149,11 +153,30 @@ def compare_with_reference(what: str, kernel: Callable, reference: Callable, inp
 def run_kernel(key: str, lookup: Callable[[], Callable | None], what: str, *args,
                **kwargs) -> Any | None:
     """``lookup()(*args, **kwargs)``, or None when the kernel is unavailable (decided once, on
-    its first lookup, with a logged note). An error inside the kernel is raised, never
+    its first lookup, with a warning). An error inside the kernel is raised, never
     swallowed. Opaque to ``torch.compile``: tracing into ``mamba_ssm``'s host code or our
     self-checks is neither useful nor safe."""
     fn = lookup()
     return None if fn is None else fn(*args, **kwargs)
+
+
+@torch.compiler.assume_constant_result
+def _usable(key: str) -> bool:
+    return (conv_scan_fn if key == 'conv_scan' else bidir_merge_fn)() is not None
+
+
+def kernel(key: str) -> Callable | None:
+    """Our op ``key`` (``'conv_scan'`` or ``'bidir_merge'``) if it is usable now, else None.
+    ``torch.compile`` traces this: the lookup runs once, outside the trace, its outcome a
+    constant, and calling the op adds one node to the graph (no graph break)."""
+    return _cache[key] if kernels_enabled() and _usable(key) else None
+
+
+def fitted_chunk(seqlen: int, chunk_size: int) -> int:
+    """The chunk length for ``mamba_ssm``'s scan: ``chunk_size``, or for a sequence that fits in
+    one chunk the smallest power of two >= max(seqlen, 16) (its kernels pad every chunk to the
+    full length; 16 is the smallest tile of their matrix products)."""
+    return chunk_size if seqlen > chunk_size else max(16, 1 << (seqlen - 1).bit_length())
 
 
 def chunk_scan_fn() -> Callable | None:
@@ -186,7 +209,7 @@ def bidir_merge_fn() -> Callable | None:
 
 
 def conv_scan_fn() -> Callable | None:
-    """Both directions' conv + SSD scan as one autograd function that recomputes the conv
+    """Both directions' conv + SSD scan as one op that recomputes the conv
     (our conv kernel and ``mamba_ssm``'s scan, after a self-check), or None."""
     if bidir_conv_fn() is None or chunk_scan_fn() is None:
         return None

@@ -1,8 +1,9 @@
 """Triton kernels of :func:`mmdinomamba.ops.bidir_gated_merge` (forward and backward).
 
-Imported only on first CUDA use (``_triton.bidir_merge_fn``), never at package import. Tested on
-CPU through Triton's interpreter (``TRITON_INTERPRET=1``) against the reference
-(``tests/test_ops/test_bidir_merge.py``), and on a GPU by the ``gpu``-marked tests.
+The op ``mmdinomamba::bidir_gated_merge`` (also returns the rstd that its backward op reads) and
+``mmdinomamba::bidir_gated_merge_backward``, imported only on first CUDA use
+(``_triton.bidir_merge_fn``). Registered for every device: tested on CPU tensors through
+Triton's interpreter against the reference (``tests/test_ops/``), on a GPU by ``gpu`` tests.
 
 One program per (row, group) in the forward, where row ``r = b L + t``; the backward direction
 of row ``r`` is read at ``b L + (L - 1 - t)`` in channels ``[d, 2d)``. With ``s = silu(z)``,
@@ -14,6 +15,7 @@ direction: ``dn = g w / 2``, ``dh = rstd (dn - n mean(dn n))``, ``dy = dh s``,
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 __all__ = ['bidir_gated_merge', 'self_check']
 
@@ -119,53 +121,76 @@ def _num_programs(device: torch.device, n_rows: int) -> int:
     return max(1, min(n_rows, 4 * sms))
 
 
-class _BidirGatedMerge(torch.autograd.Function):
+@torch.library.custom_op('mmdinomamba::bidir_gated_merge', mutates_args=())
+def _merge(y: Tensor, z: Tensor, weight: Tensor | None, eps: float,
+           group_size: int) -> tuple[Tensor, Tensor]:
+    y, z = _last_contiguous(y), _last_contiguous(z)
+    B, L, D = z.shape
+    ng, norm = D // group_size, weight is not None
+    w = weight.contiguous() if norm else y  # dummy pointer without the norm
+    out = torch.empty(B, L, D, device=y.device, dtype=y.dtype)
+    rstd = (torch.empty if norm else torch.zeros)(B * L * ng * 2 if norm else 1,
+                                                 device=y.device, dtype=torch.float32)
+    block, warps = _launch_cfg(group_size, y.element_size())
+    _fwd_kernel[(B * L, ng)](y, z, w, out, rstd, L, D, group_size, ng, eps, y.stride(0),
+                             y.stride(1), z.stride(0), z.stride(1), out.stride(0),
+                             out.stride(1), NORM=norm, BLOCK=block, num_warps=warps)
+    return out, rstd
 
-    @staticmethod
-    def forward(ctx, y, z, weight, eps, group_size):
-        y, z = _last_contiguous(y), _last_contiguous(z)
-        B, L, D = z.shape
-        ng = D // group_size
-        norm = weight is not None
-        w = weight.contiguous() if norm else y  # dummy pointer without the norm
-        out = torch.empty(B, L, D, device=y.device, dtype=y.dtype)
-        rstd = torch.empty(B * L * ng * 2 if norm else 1, device=y.device, dtype=torch.float32)
-        block, warps = _launch_cfg(group_size, y.element_size())
-        _fwd_kernel[(B * L, ng)](y, z, w, out, rstd, L, D, group_size, ng, eps, y.stride(0),
-                                 y.stride(1), z.stride(0), z.stride(1), out.stride(0),
-                                 out.stride(1), NORM=norm, BLOCK=block, num_warps=warps)
-        ctx.save_for_backward(y, z, weight, rstd)
-        ctx.group_size = group_size
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        y, z, weight, rstd = ctx.saved_tensors
-        g = _last_contiguous(grad_out)
-        B, L, D = z.shape
-        group_size = ctx.group_size
-        ng, n_rows = D // group_size, B * L
-        norm = weight is not None
-        n_prog = _num_programs(y.device, n_rows)
-        rows_per_prog = triton.cdiv(n_rows, n_prog)
-        dy = torch.empty(B, L, 2 * D, device=y.device, dtype=y.dtype)
-        dz = torch.empty(B, L, D, device=z.device, dtype=z.dtype)
-        dw = torch.empty(n_prog if norm else 1, 2, D, device=y.device, dtype=torch.float32)
-        w = weight.contiguous() if norm else y
-        block, warps = _launch_cfg(group_size, y.element_size())
-        _bwd_kernel[(n_prog, ng)](y, z, w, rstd, g, dy, dz, dw, L, D, group_size, ng, n_rows,
-                                  rows_per_prog, y.stride(0), y.stride(1), z.stride(0),
-                                  z.stride(1), g.stride(0), g.stride(1), dy.stride(0),
-                                  dy.stride(1), dz.stride(0), dz.stride(1), NORM=norm,
-                                  BLOCK=block, num_warps=warps)
-        dweight = dw.sum(0).to(weight.dtype) if norm else None
-        return dy, dz, dweight, None, None
+@_merge.register_fake
+def _merge_fake(y, z, weight, eps, group_size):
+    B, L, D = z.shape
+    n = B * L * (D // group_size) * 2 if weight is not None else 1
+    return y.new_empty(B, L, D), y.new_empty(n, dtype=torch.float32)
+
+
+@torch.library.custom_op('mmdinomamba::bidir_gated_merge_backward', mutates_args=())
+def _merge_backward(grad_out: Tensor, y: Tensor, z: Tensor, weight: Tensor | None, rstd: Tensor,
+                    group_size: int) -> list[Tensor]:
+    y, z, g = _last_contiguous(y), _last_contiguous(z), _last_contiguous(grad_out)
+    B, L, D = z.shape
+    ng, n_rows, norm = D // group_size, B * L, weight is not None
+    n_prog = _num_programs(y.device, n_rows)
+    rows_per_prog = triton.cdiv(n_rows, n_prog)
+    dy = torch.empty(B, L, 2 * D, device=y.device, dtype=y.dtype)
+    dz = torch.empty(B, L, D, device=z.device, dtype=z.dtype)
+    dw = torch.empty(n_prog if norm else 1, 2, D, device=y.device, dtype=torch.float32)
+    w = weight.contiguous() if norm else y
+    block, warps = _launch_cfg(group_size, y.element_size())
+    _bwd_kernel[(n_prog, ng)](y, z, w, rstd, g, dy, dz, dw, L, D, group_size, ng, n_rows,
+                              rows_per_prog, y.stride(0), y.stride(1), z.stride(0),
+                              z.stride(1), g.stride(0), g.stride(1), dy.stride(0),
+                              dy.stride(1), dz.stride(0), dz.stride(1), NORM=norm,
+                              BLOCK=block, num_warps=warps)
+    return [dy, dz, dw.sum(0).to(weight.dtype) if norm else y.new_empty(0)]
+
+
+@_merge_backward.register_fake
+def _merge_backward_fake(grad_out, y, z, weight, rstd, group_size):
+    return [y.new_empty(y.shape), z.new_empty(z.shape),
+            y.new_empty(0) if weight is None else weight.new_empty(weight.shape)]
+
+
+def _setup_context(ctx, inputs, output):
+    y, z, weight, _, ctx.group_size = inputs
+    ctx.save_for_backward(y, z, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, grad_out, _):
+    y, z, weight, rstd = ctx.saved_tensors
+    dy, dz, dweight = _merge_backward(grad_out, y, z, weight, rstd, ctx.group_size)
+    return dy, dz, None if weight is None else dweight, None, None
+
+
+_merge.register_autograd(_backward, setup_context=_setup_context)
 
 
 def bidir_gated_merge(y, z, weight, eps, group_size):
-    """See :func:`mmdinomamba.ops.bidir_gated_merge` (arguments already checked)."""
-    return _BidirGatedMerge.apply(y, z, weight, float(eps), int(group_size))
+    """See :func:`mmdinomamba.ops.bidir_gated_merge` (arguments already checked; the
+    ``mmdinomamba::bidir_gated_merge`` op, which also returns the rstd its backward uses)."""
+    return _merge(y, z, weight, float(eps), int(group_size))[0]
 
 
 def self_check(device='cuda') -> None:
