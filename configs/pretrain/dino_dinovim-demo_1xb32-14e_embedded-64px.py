@@ -37,7 +37,8 @@ model = dict(
     warmup_teacher_temp_epochs=0,
     momentum_teacher=0.99,
     final_momentum_teacher=0.999,
-    freeze_last_layer=0)
+    freeze_last_layer=0,
+    koleo_weight=0.)  # set by the demo on data with a plain background (demo/recipe.py)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),

@@ -17,7 +17,12 @@ report. The rules (measured runs: docs/dino_small_scale.md):
 * **crop scales**: on a plain background (most of an image one flat colour, measured as the
   share of pixels within 12 levels of the image's border median) a small local crop is often
   background only, identical for every image; local crops then start at 0.15 of the image and
-  global crops at 0.5.
+  global crops at 0.5. On such data the backbone's features of different images are nearly the
+  same from the start and DINO drives them to one point (the teacher's outputs carry no
+  information about the image: uniform collapse), which crop scales, a lower lr, teacher
+  temperature 0.02, EMA centering or a frozen last layer did not prevent in measured runs;
+  the KoLeo regularizer, which spreads the backbone features of a batch, at weight
+  :data:`PLAIN_KOLEO` did.
 """
 import os.path as osp
 from typing import Dict, List, Tuple
@@ -26,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 __all__ = ['measure_data', 'derive_settings', 'merge_options', 'kept_reasons',
-           'COLOUR_CLASS_ETA2', 'PLAIN_BACKGROUND']
+           'COLOUR_CLASS_ETA2', 'PLAIN_BACKGROUND', 'PLAIN_KOLEO']
 
 #: images seen by the embedded recipe (14 epochs x 2,400 train images)
 IMAGES_SEEN = 33600
@@ -34,6 +39,8 @@ IMAGES_SEEN = 33600
 COLOUR_CLASS_ETA2 = 0.3
 #: a plain background: this share of the pixels is the border colour
 PLAIN_BACKGROUND = 0.5
+#: KoLeo weight on data with a plain background (0 otherwise, as in the demo config)
+PLAIN_KOLEO = 1.0
 _GRAY_TOL = 3
 _PIPE = 'train_dataloader.dataset.pipeline.1.'
 
@@ -127,6 +134,8 @@ def derive_settings(m: Dict[str, float]) -> Tuple[dict, Dict[str, List[str]]]:
             '0.5-1 (global) and 0.15-0.5 (local)',
             **{_PIPE.replace('.', '__') + 'global_crops_scale': (0.5, 1.),
                _PIPE.replace('.', '__') + 'local_crops_scale': (0.15, 0.5)})
+        add(f'plain background: KoLeo {PLAIN_KOLEO} on the backbone features (without it the '
+            'features of all images went to one point)', model__koleo_weight=PLAIN_KOLEO)
     return opts, why
 
 

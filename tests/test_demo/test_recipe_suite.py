@@ -8,7 +8,8 @@ import pytest
 
 from mmdinomamba.datasets.folder import check_folder_layout
 from mmdinomamba.datasets.suite import SUITE, write_suite_set
-from mmdinomamba.demo.recipe import derive_settings, kept_reasons, measure_data, merge_options
+from mmdinomamba.demo.recipe import (PLAIN_KOLEO, derive_settings, kept_reasons, measure_data,
+                                     merge_options)
 
 PIPE = 'train_dataloader.dataset.pipeline.1.'
 
@@ -64,6 +65,7 @@ def test_derived_settings_follow_the_measurements():
     assert opts[PIPE + 'color_jitter'] == dict(brightness=0.2, contrast=0.2, saturation=0.,
                                                hue=0.)
     assert opts[PIPE + 'grayscale_prob'] == 0. and PIPE + 'local_crops_scale' not in opts
+    assert 'model.koleo_weight' not in opts
     opts, why = derive_settings(dict(base, colour_class_eta2=0.05, num_train=1200))
     assert opts['train_cfg.max_epochs'] == 28
     assert opts[PIPE + 'color_jitter']['hue'] == 0.1 and opts[PIPE + 'grayscale_prob'] == 0.2
@@ -71,7 +73,20 @@ def test_derived_settings_follow_the_measurements():
     opts, why = derive_settings(dict(base, grayscale=1., plain_background=0.8))
     assert opts[PIPE + 'color_jitter']['saturation'] == 0.
     assert opts[PIPE + 'local_crops_scale'] == (0.15, 0.5)
+    assert opts['model.koleo_weight'] == PLAIN_KOLEO > 0
     assert any('plain background' in w for w in why)
+    assert any('KoLeo' in w and why[w] == ['model.koleo_weight'] for w in why)
+
+
+def test_derived_settings_apply_to_every_demo_config_without_new_keys():
+    from mmdinomamba.utils.cli import load_config
+    opts, _ = derive_settings(dict(num_train=1400, img_size=32, grayscale=1., colourfulness=0.,
+                                   colour_class_eta2=0., plain_background=0.9))
+    root = osp.join(osp.dirname(__file__), '..', '..', 'configs', 'pretrain')
+    for mixer in ('dinovim', 'vit', 'linearvit'):
+        cfg = load_config(osp.join(root, f'dino_{mixer}-demo_1xb32-14e_embedded-64px.py'), opts)
+        assert cfg.model.koleo_weight == PLAIN_KOLEO
+        assert cfg.train_dataloader.dataset.pipeline[1].local_crops_scale == (0.15, 0.5)
 
 
 def test_user_options_win_over_derived_ones():
@@ -104,3 +119,4 @@ def test_the_embedded_data_keep_the_demo_config_settings(tmp_path):
     assert opts[PIPE + 'grayscale_prob'] == crop.grayscale_prob
     assert tuple(opts[PIPE + 'global_solarize_probs']) == tuple(crop.global_solarize_probs)
     assert PIPE + 'global_crops_scale' not in opts
+    assert 'model.koleo_weight' not in opts and ref.model.koleo_weight == 0.
