@@ -5,7 +5,7 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The quadratic scan's (L, L) matrix products (ssd_triangles.py) in one call each: every
+// The quadratic scan's (L, L) matrix products (ssd_quadratic.py) in one call each: every
 // (sample, direction, group, token block) product is a task, the tasks run in parallel and each
 // is one single-threaded GEMM on strided views that writes straight into the result: no
 // transposed copy of a matrix (the GEMM reads it transposed), no per-block temporary copied into
