@@ -3,7 +3,7 @@
 From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj`` (or, given its
 weight, to its output): both directions' causal conv + SiLU, both directions' SSD scan in the
 quadratic form (:mod:`.ssd_quadratic`; heads of 16 channels with 16 states by their recurrence,
-:mod:`.ssd_recurrent`), each direction's gated RMSNorm and their average, all in the native
+``csrc/recurrent.h``), each direction's gated RMSNorm and their average, all in the native
 kernels (:mod:`.native_cpu`), one path. Everything runs channel-major in the original token
 order (the backward direction is anti-causal there), so nothing is flipped, concatenated or
 normalized twice, and the backward pass is written by hand: it keeps the projection, the conv's

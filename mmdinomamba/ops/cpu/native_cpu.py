@@ -9,10 +9,10 @@ They are built once per machine and source version with ``torch.utils.cpp_extens
 ninja; ``-march=native``, the build keyed by the CPU's instruction-set flags and the sources'
 paths and contents) into PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line is printed
 before a build starts. After loading, the registered self-checks compare them once with the
-PyTorch reference (:mod:`..reference`). If the build or a self-check fails, ONE warning names the reason and the
-reference runs instead; nothing is retried or switched during a run. ``-ffast-math`` is a
-compile flag only: the library is linked without it, so loading it does not switch the process
-to flushing subnormal floats to zero (tested).
+PyTorch reference (:mod:`..reference`). If the build or a self-check fails, ONE warning names
+the reason and the reference runs instead; nothing is retried or switched during a run.
+``-ffast-math`` is a compile flag only: the library is linked without it, so loading it does
+not switch the process to flushing subnormal floats to zero (tested).
 
 Operands: float32 or float64, one dtype a call; *token-major* (b, L, c) tensors with unit
 channel stride and tokens and samples apart (views into the projection are fine); *planes*
@@ -237,11 +237,10 @@ def merge_backward_scan(dm: Tensor, ys: Tensor, row: Tensor, x: Tensor, diag: Te
                         groups: int, eps: float, dz: Tensor,
                         out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """:func:`merge_backward` of the quadratic scan's output ``y = ys row + x diag`` (``ys``,
-    ``x`` (b, 2, h, p, L) planes, ``row``, ``diag`` (b, 2, h, L)) plus, at
-    the heads ``wide`` (b, 2, h) marks, their ``parts`` (N, p, L) in :func:`wide_forward`'s
-    order, rebuilt tile by tile inside the kernel
-    instead of read: the same gradients and ``out`` without ``y`` in memory. Returns ``dy``
-    (b, 2, h p, L) and ``dweight`` (2, h p)."""
+    ``x`` (b, 2, h, p, L) planes, ``row``, ``diag`` (b, 2, h, L)) plus, at the heads ``wide``
+    (b, 2, h) marks, their ``parts`` (N, p, L) in :func:`wide_forward`'s order, rebuilt tile by
+    tile inside the kernel instead of read: the same gradients and ``out`` without ``y`` in
+    memory. Returns ``dy`` (b, 2, h p, L) and ``dweight`` (2, h p)."""
     dy, dweight = _module().merge_backward_scan(dm, ys, row.contiguous(), x, diag.contiguous(),
                                                 wide.contiguous(), parts, z,
                                                 weight.contiguous(), groups, eps, dz, out)
@@ -260,9 +259,9 @@ def wide_forward(x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
 def wide_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
                   bounds: list[int], dx: Tensor, ddt: Tensor, dS: Tensor,
                   dcb: Tensor) -> Tensor:
-    """Gradients of :func:`wide_forward`: adds the ``wide`` heads' gradients
-    to ``dx`` (like ``x``), ``ddt``, ``dS`` (like ``dt``, contiguous) and ``dcb`` (like ``cb``)
-    in place and returns their ``dA`` (R, h) in float64 (operands as :func:`wide_forward`)."""
+    """Gradients of :func:`wide_forward`: adds the ``wide`` heads' gradients to ``dx`` (like
+    ``x``), ``ddt``, ``dS`` (like ``dt``) and ``dcb`` (like ``cb``) in place and returns their
+    ``dA`` (R, h) in float64 (operands as :func:`wide_forward`)."""
     return _module().wide_backward(dy, x, dt, S, cb, wide, list(bounds), dx, ddt, dS, dcb)
 
 
@@ -271,8 +270,8 @@ def products_forward(x: Tensor, s: Tensor, cb: Tensor, row: Tensor, diag: Tensor
     """The quadratic form's factored products with their element-wise work, per (sample,
     direction, group) in one pass: ``ys = xs @ cb^T`` per group (``xs = x s``, the heads of
     a group side by side) and ``y = ys row + x diag``, both (b, R, h, p, L) and contiguous;
-    ``x`` planes, ``s``, ``row``, ``diag`` (b, R, h, L) and ``cb`` (b, R, g,
-    L, L) contiguous, the products per token block of ``bounds`` (:func:`.ssd_quadratic.block_bounds`)."""
+    ``x`` planes, ``s``, ``row``, ``diag`` (b, R, h, L) and ``cb`` (b, R, g, L, L), the products
+    per token block of ``bounds`` (:func:`.ssd_quadratic.block_bounds`)."""
     ys, y = _module().products_forward(x, s, cb, row, diag, list(bounds))
     return ys, y
 
@@ -291,10 +290,9 @@ def products_backward(dy: Tensor, x: Tensor, ys: Tensor, s: Tensor, row: Tensor,
 def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
                  factored_range: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Both directions' step sizes ``dt = softplus(raw + dt_bias[r])`` (b, 2, h, L) from the
-    token-major ``raw`` (b, L, h) , and
-    the quadratic scan's factors of them with ``A`` (2, h): ``S`` (float64), ``row``, ``col``
-    and ``wide`` as :func:`~mmdinomamba.ops.ssd_quadratic.ScanState` holds them, in one pass per
-    (sample, direction, head)."""
+    token-major ``raw`` (b, L, h), and the quadratic scan's factors of them with ``A`` (2, h):
+    ``S`` (float64), ``row``, ``col`` and ``wide`` as :class:`.ssd_quadratic.ScanState` holds
+    them, in one pass per (sample, direction, head)."""
     dt, S, row, col, wide = _module().scan_factors(raw, dt_bias.contiguous(), A.contiguous(),
                                                    factored_range, True)
     return dt, S, row, col, wide
@@ -326,7 +324,7 @@ def masked_outer(dy: Tensor, x: Tensor, bounds: list[int]) -> tuple[Tensor, Tens
     product's diagonal (b, R, g, L)."""
     out = dy.new_empty(*dy.shape[:3], dy.shape[-1], dy.shape[-1])
     d = dy.new_empty(*dy.shape[:3], dy.shape[-1])
-    _module().masked_outer(dy, x, out, list(bounds), d, True)
+    _module().masked_outer(dy, x, out, list(bounds), d)
     return out, d
 
 
@@ -358,8 +356,9 @@ def recurrent_fits(d_state: int, headdim: int) -> bool:
 def recurrent_scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                            D: Tensor | None) -> Tensor:
     """The SSD scan by its recurrence, for heads that :func:`recurrent_fits`: ``y`` (b, R, h, p,
-    L), a new contiguous tensor, of the operands of
-    :func:`~mmdinomamba.ops.ssd_quadratic.scan_forward` in its layout (``x``, ``B``, ``C`` planes, ``dt`` (b, R, h, L) contiguous, ``A`` and ``D`` (R, h))."""
+    L), a new contiguous tensor, of the operands of :func:`.ssd_quadratic.scan_forward` in its
+    layout (``x``, ``B``, ``C`` planes, ``dt`` (b, R, h, L), ``A`` and ``D`` (R, h));
+    ``csrc/recurrent.h`` says how."""
     return _module().recurrent_scan_forward(x, dt, A.contiguous(), B, C,
                                             None if D is None else D.contiguous())
 

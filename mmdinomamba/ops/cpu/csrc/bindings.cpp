@@ -48,7 +48,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "triangle, every block product a task");
   m.def("masked_outer", &masked_outer,
         "out = dy^T @ x per (sample, direction, group) on each direction's strict triangle, "
-        "optionally the full product's diagonal");
+        "and the full product's diagonal into diag");
   m.def("rms_norm_forward", &rms_norm_forward,
         "RMSNorm over the last dimension: [y, rstd (..., 1)] of a contiguous x");
   m.def("rms_norm_backward", &rms_norm_backward,
