@@ -236,7 +236,8 @@ def _native_self_check() -> str | None:
     (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref` with the scan ``y = M x`` of the mixing
     matrices, and autograd); returns what differs by
     more than ``native_cpu.SELF_CHECK_TOL``, or None. A compiler that builds the kernels
-    wrongly (flags, a new CPU) then costs speed, not results. A few milliseconds."""
+    wrongly (flags, a new CPU) then costs speed, not results. About 50 ms on two cores, once
+    per process."""
     from ..reference import bidir_mixer_ref, ssd_scan_quadratic_ref
     gen = torch.Generator().manual_seed(0)
     names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
