@@ -538,7 +538,9 @@ def _grads(m, x):
 
 
 def _record(monkeypatch, names) -> list:
-    """The list that the named kernels (monkeypatched) append their names to when called."""
+    """The list that the named kernels (monkeypatched) append their names to when called (after
+    the self-check, which calls them too)."""
+    assert native_cpu.available()
     calls = []
     for name in names:
         fn = getattr(native_cpu, name)
