@@ -13,7 +13,6 @@ from .conv import bidir_causal_conv1d, causal_conv1d
 from .cpu import native_cpu
 from .cpu.cpu_allocator import keep_freed_cpu_memory
 from .cpu.ssd_quadratic import ssd_scan_quadratic
-from .cpu.ssd_recurrent import ssd_scan_recurrent
 from .mixer import bidir_ssd
 from .norm import RMSNorm, bidir_gated_merge, gated_rms_norm, rms_norm
 from .reference import (InnerDims, bidir_mixer_ref, ssd_decay_matrix, ssd_mixing_matrix,
@@ -22,7 +21,7 @@ from .ssd import QUADRATIC_MAX_LEN, SSD_BACKENDS, quadratic_max_len, ssd_scan
 from .switch import kernels_enabled, reference_ops
 
 __all__ = [
-    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_scan_quadratic', 'ssd_scan_recurrent',
+    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_scan_quadratic',
     'ssd_mixing_matrix', 'ssd_decay_matrix', 'gated_rms_norm', 'rms_norm', 'RMSNorm',
     'causal_conv1d', 'bidir_causal_conv1d', 'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd',
     'bidir_mixer_ref', 'InnerDims', 'reference_ops', 'kernels_enabled', 'SSD_BACKENDS',

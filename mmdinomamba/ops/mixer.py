@@ -3,14 +3,16 @@
 It picks, once per call and from static facts only (device, dtype, sizes, the switch; no look
 at the data, so no host sync and no graph break), one path:
 
-* CPU, native kernels built, at most :func:`~mmdinomamba.ops.ssd.quadratic_max_len`
-  tokens: the ``mmdinomamba::bidir_ssd`` op (:mod:`.cpu.custom_ops`; conv, quadratic scan and
-  merge, and ``out_proj`` where it is a plain ``nn.Linear``);
+* CPU, native kernels built, a norm weight, at most
+  :func:`~mmdinomamba.ops.ssd.quadratic_max_len` tokens: the ``mmdinomamba::bidir_ssd`` op
+  (:mod:`.cpu.custom_ops`; conv, quadratic scan and merge, and ``out_proj`` where it is a plain
+  ``nn.Linear``);
 * CUDA with the kernels: the ops ``mmdinomamba::bidir_conv_scan`` (our conv kernel and
   ``mamba_ssm``'s scan) and ``mmdinomamba::bidir_gated_merge`` (our merge kernel) of
   :mod:`.cuda` (one graph node each under ``torch.compile``);
-* longer CPU sequences: the same composition, with the native chunked scan, under activation
-  checkpointing (the projection kept, the rest recomputed in the backward pass);
+* longer CPU sequences (and the mixer without a norm): the same composition, with the native
+  chunked scan, under activation checkpointing (the projection kept, the rest recomputed in the
+  backward pass);
 * everything else, and inside :func:`~mmdinomamba.ops.reference_ops`: the reference
   (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref`).
 """
@@ -48,9 +50,9 @@ def plain_linear(module: nn.Module) -> bool:
         getattr(module, h, None) or getattr(glob, '_global' + h, None) for h in _HOOKS)
 
 
-def _cpu_op_fits(proj: Tensor, dims: InnerDims) -> bool:
+def _cpu_op_fits(proj: Tensor, norm_weight: Tensor | None, dims: InnerDims) -> bool:
     return (proj.device.type == 'cpu' and proj.dtype.is_floating_point
-            and 2 <= dims.kernel <= 4
+            and norm_weight is not None and 2 <= dims.kernel <= 4
             and proj.shape[1] <= quadratic_max_len(dims.headdim, dims.d_state)
             and _native_built())
 
@@ -88,7 +90,8 @@ def bidir_ssd(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, dt_bi
         mixed = bidir_mixer_ref(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight, dims,
                                 *(() if scan is None else (scan, )))
         return out_proj(mixed)
-    if backend != 'triton' and not _triton.on_kernel_device(proj) and _cpu_op_fits(proj, dims):
+    if (backend != 'triton' and not _triton.on_kernel_device(proj)
+            and _cpu_op_fits(proj, norm_weight, dims)):
         inside = (plain_linear(out_proj) and not torch.is_autocast_enabled('cpu')
                   and proj.dtype == out_proj.weight.dtype
                   and proj.dtype in (torch.float32, torch.float64))

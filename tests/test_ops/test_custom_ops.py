@@ -46,22 +46,24 @@ def _kernels():
         pytest.fail(f'the native CPU kernels are not available: {native_cpu.load_error()}')
 
 
-@pytest.mark.parametrize('dims,length,strong,native,projected', [
+@pytest.mark.parametrize('dims,length,strong,projected,bias', [
     (InnerDims(64, 1, 16, 16, 4), 23, False, True, True),  # the recurrence of small heads
-    (InnerDims(64, 2, 8, 8, 4), 40, True, True, False),  # quadratic, strongly decaying heads
-    (InnerDims(64, 2, 8, 8, 3), 40, False, False, True),  # the same algorithm in PyTorch ops
+    (InnerDims(64, 2, 8, 8, 4), 40, True, False, True),  # quadratic, strongly decaying heads
+    (InnerDims(64, 2, 8, 8, 3), 130, False, True, False),  # token blocks, no conv bias
 ])
-def test_opcheck_passes_for_both_ops(dims, length, strong, native, projected):
+def test_opcheck_passes_for_both_ops(dims, length, strong, projected, bias):
     ins = [t.requires_grad_() for t in _op_inputs(dims, length, strong=strong)]
+    if not bias:
+        ins[2] = None
     out_w = torch.randn(24, dims.d_inner, requires_grad=True) if projected else None
     out_b = torch.randn(24, requires_grad=True) if projected else None
-    args = (*ins, out_w, out_b, *_sizes(dims), native)
+    args = (*ins, out_w, out_b, *_sizes(dims))
     torch.library.opcheck(torch.ops.mmdinomamba.bidir_ssd.default, args)
     out, kept = torch.ops.mmdinomamba.bidir_ssd.default(*args)
     if strong:  # the wide-head mask: 2 heads x 2 samples
         assert [int(t.sum()) for t in kept if t.dtype == torch.bool] == [2 * 2]
-    back = (torch.randn_like(out), *[t.detach() for t in ins], out_w, projected,
-            [t.detach() for t in kept], *_sizes(dims), native)
+    back = (torch.randn_like(out), *[None if t is None else t.detach() for t in ins], out_w,
+            projected, [t.detach() for t in kept], *_sizes(dims))
     torch.library.opcheck(torch.ops.mmdinomamba.bidir_ssd_backward.default, back,
                           test_utils=('test_schema', 'test_faketensor'))
 

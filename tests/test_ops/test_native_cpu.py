@@ -1,7 +1,6 @@
-"""The native CPU kernels (conv + SiLU, gated merge, the scan's strongly decaying heads and
-element-wise work, transposed copies) == the PyTorch compositions they replace (forward and
-backward), their use by BiSSD's CPU fast path, bad input, and the fallback when
-they cannot be built or are switched off."""
+"""The native CPU kernels (conv + SiLU, gated merge, the scan's products, factors and strongly
+decaying heads, the chunked scan) == the reference (forward and backward), their use by BiSSD's
+CPU fast path, bad input, and the fallback when they cannot be built or are switched off."""
 import math
 import subprocess
 import warnings
@@ -11,10 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
-from mmdinomamba.ops import InnerDims, reference_ops, switch
-from mmdinomamba.ops.cpu import bidir_inner, native_cpu, ssd_quadratic_heads
-from mmdinomamba.ops.cpu.shift_conv import (bidir_conv_backward, bidir_conv_forward,
-                                            pad_channel_major)
+from mmdinomamba.ops import reference_ops, switch
+from mmdinomamba.ops.cpu import native_cpu
+from mmdinomamba.ops.reference import bidir_causal_conv1d_ref, bidir_gated_merge_ref
 
 
 def test_kernels_build_on_this_machine():
@@ -30,11 +28,15 @@ def test_loading_them_keeps_subnormal_floats():
 
 
 def _composition(x, w, b, dact):
-    """act, dx (token-major, like x), dweight, dbias of the PyTorch ops on the padded input."""
-    xp = pad_channel_major(x, w.shape[-1], x.dtype)
-    pre = bidir_conv_forward(xp, w, b)
-    dx, dw, db = bidir_conv_backward(torch.ops.aten.silu_backward(dact, pre), xp, w, b is not None)
-    return [F.silu(pre), dx.transpose(1, 2), dw, db]
+    """act (b, 2, C, L), dx (token-major, like x), dweight, dbias of the reference conv
+    (direction 1 on the flipped sequence, read back in the original order) and autograd."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]
+    out = F.silu(bidir_causal_conv1d_ref(leaves[0], leaves[1], None if b is None else leaves[2],
+                                         (x.shape[-1], ), None))
+    c = x.shape[-1]
+    act = torch.stack([out[..., :c], out[..., c:].flip(1)], 1).transpose(2, 3)
+    grads = torch.autograd.grad(act, leaves, dact)
+    return [act.detach(), *grads, *([None] if b is None else [])]
 
 
 def _native_conv(x, w, b, dact):
@@ -148,17 +150,24 @@ def test_scan_factors_bad_input_is_named():
         native_cpu.scan_factors(raw, torch.randn(2, 5), p, 100.)
 
 
-def _merge_both(y, z, w, dm, dims):
-    """Output, dy, dz, dweight and the output as the backward pass rebuilds it, of the merge
-    with the native kernel and with the PyTorch ops (token-major z, dm, outputs and dz)."""
-    results = []
-    for native in (True, False):
-        out, dz, again = (torch.full(dm.shape, float('nan'), dtype=y.dtype) for _ in range(3))
-        bidir_inner.merge_forward(y, z, w, dims, out, native=native)
-        dy, dweight = bidir_inner.merge_backward(dm, y, z, w, dims, dz, native=native,
-                                                 out=again)
-        results.append([out, dy, dz, dweight, again])
-    return results
+def _merge_reference(y, z, w, dm, groups):
+    """Output, dy, dz and dweight of the reference merge (``y`` channel-major (b, 2, d, L), the
+    backward direction read at the flipped token) and autograd."""
+    leaves = [t.detach().clone().requires_grad_() for t in (y, z, w)]
+    yl = leaves[0].transpose(2, 3)
+    out = bidir_gated_merge_ref(torch.cat([yl[:, 0], yl[:, 1].flip(1)], -1), leaves[1],
+                                leaves[2], 1e-5, y.shape[2] // groups)
+    return [out.detach(), *torch.autograd.grad(out, leaves, dm)]
+
+
+def _merge_both(y, z, w, dm, groups):
+    """Output, dy, dz, dweight and the output as the backward pass rebuilds it, of the native
+    merge, and the reference's (its output again in the last place)."""
+    out, dz, again = (torch.full(dm.shape, float('nan'), dtype=y.dtype) for _ in range(3))
+    native_cpu.merge_forward(y, z, w, groups, 1e-5, out)
+    dy, dweight = native_cpu.merge_backward(dm, y, z, w, groups, 1e-5, dz, again)
+    want = _merge_reference(y, z, w, dm, groups)
+    return [out, dy, dz, dweight, again], [want[0], want[1], want[2], want[3], want[0]]
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -167,12 +176,11 @@ def test_merge_equals_the_composition(dtype, tol, groups, length):
     # 150 tokens: nine full tiles of 16 and a partial one; z and dm token-major views into wider
     # tensors (as into the projection and its gradient), 40 channels: partial transpose tiles
     d = 40 if groups != 4 else 24
-    dims = InnerDims(d_inner=d, ngroups=groups, d_state=4, headdim=4, kernel=4)
     y = torch.randn(3, 2, d, length, dtype=dtype)
     z = (torch.randn(3, length, d + 9, dtype=dtype) * 3)[..., 5:5 + d]
     w = torch.randn(2, d, dtype=dtype)
     dm = torch.randn(3, length, 2 * d, dtype=dtype)[..., ::2].contiguous()
-    got, want = _merge_both(y, z, w, dm, dims)
+    got, want = _merge_both(y, z, w, dm, groups)
     for name, g, r in zip(['out', 'dy', 'dz', 'dweight', 'out rebuilt'], got, want):
         torch.testing.assert_close(g, r, rtol=tol, atol=tol * r.abs().max().item(), msg=name)
     # the backward pass rebuilds the output the forward pass gave, to rounding
@@ -181,13 +189,11 @@ def test_merge_equals_the_composition(dtype, tol, groups, length):
 
 def test_merge_writes_into_views_of_the_projections():
     # out and dz as (b, L, d) views into wider buffers: nothing outside them is touched
-    dims = InnerDims(d_inner=32, ngroups=1, d_state=4, headdim=4, kernel=4)
     y, z = torch.randn(2, 2, 32, 70), torch.randn(2, 70, 32)
     w, dm = torch.randn(2, 32), torch.randn(2, 70, 32)
     buf = torch.zeros(2, 70, 50)
     native_cpu.merge_forward(y, z, w, 1, 1e-5, buf[..., 10:42])
-    want = torch.empty(2, 70, 32)
-    bidir_inner.merge_forward(y, z, w, dims, want, native=False)
+    want = _merge_reference(y, z, w, dm, 1)[0]
     torch.testing.assert_close(buf[..., 10:42], want, rtol=1e-5, atol=1e-5)
     assert (buf[..., :10] == 0).all() and (buf[..., 42:] == 0).all()
     grad, again = torch.zeros(2, 70, 50), torch.zeros(2, 70, 40)
@@ -199,10 +205,9 @@ def test_merge_writes_into_views_of_the_projections():
 
 def test_merge_with_saturated_gates_stays_finite():
     # gates z of +-1e4: exp overflows inside SiLU, the merge's value and gradients do not
-    dims = InnerDims(d_inner=24, ngroups=2, d_state=4, headdim=4, kernel=4)
     y, z = torch.randn(2, 2, 24, 9), torch.randn(2, 9, 24) * 1e4
     w, dm = torch.randn(2, 24), torch.randn(2, 9, 24)
-    got, want = _merge_both(y, z, w, dm, dims)
+    got, want = _merge_both(y, z, w, dm, 2)
     for g, r in zip(got, want):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
@@ -247,13 +252,13 @@ def _scan_output_operands(dtype, gen, shape=(3, 2, 4, 5, 70)):
 @pytest.mark.parametrize('groups', [1, 4])
 def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, groups):
     """The merge's backward pass with ``y`` rebuilt inside (``ys row + x diag``, plus the wide
-    heads' parts in their order) == the scan's output written first (``ScanState.output``:
-    ``scan_output``, then the parts added), then ``merge_backward``; ``out`` too."""
+    heads' parts in their order) == the scan's output written first, then ``merge_backward``;
+    ``out`` too."""
     x, ys, row, diag, wide, parts, dm, z, nw = _scan_output_operands(
         dtype, torch.Generator().manual_seed(groups))
     assert not x.is_contiguous() and not z.is_contiguous()
-    y = native_cpu.scan_output(ys, row, x, diag)
-    ssd_quadratic_heads.add_saved(y, parts, wide)
+    y = _scan_output(ys, row, x, diag)
+    y.transpose(0, 1)[wide.transpose(0, 1)] += parts  # by direction, then sample, then head
     dz, out = torch.empty_like(dm), torch.empty_like(dm)
     want = [*native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz,
             out]
@@ -264,7 +269,7 @@ def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, gro
         torch.testing.assert_close(g, w, rtol=tol, atol=tol * w.abs().max().item())
     # no wide head: no parts needed
     none = torch.zeros_like(wide)
-    y = native_cpu.scan_output(ys, row, x, diag)
+    y = _scan_output(ys, row, x, diag)
     want = native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz)[0]
     got = native_cpu.merge_backward_scan(dm, ys, row, x, diag, none, None, z, nw, groups, 1e-5,
                                          dz2)[0]
@@ -304,80 +309,9 @@ def test_merge_backward_of_the_scan_state_bad_input_is_named():
                                        wide[:, :1], None, z, nw, 1, 1e-5, dz)
 
 
-def _wide_inputs(dtype, heads=5, length=37, mats=4, seed=0):
-    """Decay of ``heads`` strongly decaying heads (some exponents below the -60 floor), their
-    sorted matrix indices (heads 0-1 and 3-4 share one) and the group matrices."""
-    gen = torch.Generator().manual_seed(seed)
-    hi = -(torch.rand(heads, length, generator=gen, dtype=dtype) * 4).cumsum(-1)
-    index = torch.tensor([0, 0, 1, 3, 3])[:heads]
-    cb = torch.randn(mats, length, length, generator=gen, dtype=dtype)
-    return hi, index, cb
-
-
-def _wide_composition(hi, index, cb, direction):
-    E = ssd_quadratic_heads._decay(hi)
-    mask = torch.ones_like(E[0], dtype=torch.bool)
-    mask = mask.tril(-1) if direction == 0 else mask.triu(1)
-    return E * mask, E * cb[index] * mask
-
-
-@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize('direction', [0, 1])
-def test_wide_heads_equal_the_composition(dtype, tol, direction):
-    hi, index, cb = _wide_inputs(dtype)
-    E, W = _wide_composition(hi, index, cb, direction)
-    assert (hi[:, -1] - hi[:, 0]).abs().min() > 60  # factors at the floor are covered
-    torch.testing.assert_close(native_cpu.wide_weights(hi, cb, index, direction, False), W,
-                               rtol=tol, atol=tol)
-    torch.testing.assert_close(native_cpu.wide_weights(hi, cb, index, direction, True),
-                               W.transpose(-1, -2), rtol=tol, atol=tol)
-    gen = torch.Generator().manual_seed(1)
-    dW = torch.randn(W.shape, generator=gen, dtype=dtype)
-    t = torch.rand(hi.shape, generator=gen, dtype=dtype).cumsum(-1)
-    dcb = torch.randn(cb.shape, generator=gen, dtype=dtype)
-    want_dcb = dcb.index_add(0, index, E * dW)  # heads sharing a matrix add to it
-    G = dW * W
-    want_dS = G.sum(-1) - G.sum(-2)
-    want_pairs = ((t[:, :, None] - t[:, None, :]) * G).sum((-2, -1)).double()
-    dS, pairs = native_cpu.wide_grads(dW, hi, t, cb, index, direction, dcb)
-    torch.testing.assert_close(dcb, want_dcb, rtol=tol, atol=tol)
-    torch.testing.assert_close(dS, want_dS, rtol=tol, atol=tol * want_dS.abs().max().item())
-    assert pairs.dtype == torch.float64
-    torch.testing.assert_close(pairs, want_pairs, rtol=tol, atol=tol * want_pairs.abs().max())
-
-
-def test_wide_heads_bad_input_is_named():
-    hi, index, cb = _wide_inputs(torch.float32)
-    with pytest.raises(RuntimeError, match='index must be sorted and within \\[0, 4\\)'):
-        native_cpu.wide_weights(hi, cb, index.flip(0), 0, False)
-    with pytest.raises(RuntimeError, match='index must be sorted and within \\[0, 4\\)'):
-        native_cpu.wide_weights(hi, cb, index + 1, 0, False)
-    with pytest.raises(RuntimeError, match='cb must be a contiguous \\(M, L, L\\)'):
-        native_cpu.wide_weights(hi, cb[:, :5], index, 0, False)
-    with pytest.raises(RuntimeError, match='direction must be 0 or 1, got 2'):
-        native_cpu.wide_weights(hi, cb, index, 2, False)
-    with pytest.raises(RuntimeError, match='dW must be a contiguous \\(N, L, L\\)'):
-        native_cpu.wide_grads(cb[:2], hi, hi, cb, index, 0, cb.clone())
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-@pytest.mark.parametrize('b,m,n', [(3, 37, 53), (2, 197, 512), (1, 16, 16), (2, 5, 1)])
-def test_transpose_equals_the_strided_copy(dtype, b, m, n):
-    # full 16 x 16 register tiles, edge tiles, and views into wider tensors on both sides
-    gen = torch.Generator().manual_seed(0)
-    module = native_cpu.load()
-    src = torch.randn(b, n, m, generator=gen).to(dtype)
-    dst = torch.full((b, m, n), float('nan'), dtype=dtype)
-    module.transpose_into(dst, src)
-    assert torch.equal(dst, src.transpose(1, 2))
-    wide_src = torch.randn(b, n + 3, m + 7, generator=gen).to(dtype)
-    wide_dst = torch.zeros(b, m + 2, n + 9, dtype=dtype)
-    view_src, view_dst = wide_src[:, 2:2 + n, 3:3 + m], wide_dst[:, 1:1 + m, 4:4 + n]
-    module.transpose_into(view_dst, view_src)
-    assert torch.equal(view_dst, view_src.transpose(1, 2))
-    outside = torch.ones_like(wide_dst, dtype=torch.bool)
-    outside[:, 1:1 + m, 4:4 + n] = False
-    assert (wide_dst[outside] == 0).all()  # nothing written outside the view
+def _scan_output(ys, row, x, diag):
+    """The quadratic scan's output ``ys row + x diag`` (per-token ``row`` and ``diag``)."""
+    return ys * row.unsqueeze(-2) + x * diag.unsqueeze(-2)
 
 
 def _scan_operands(dtype, gen, shape=(3, 2, 4, 5, 37)):
@@ -391,38 +325,6 @@ def _scan_operands(dtype, gen, shape=(3, 2, 4, 5, 37)):
     return x, big, small
 
 
-@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
-def test_scan_pointwise_kernels_equal_the_composition(dtype, tol):
-    x, (dy, dys, ys, dxs), (s, diag) = _scan_operands(dtype, torch.Generator().manual_seed(0))
-    assert not x.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys)
-
-    def close(got, want):
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
-
-    close(native_cpu.scale_tokens(x, s), x * s.unsqueeze(-2))
-    close(native_cpu.scan_output(ys, s, x, diag),
-          ys * s.unsqueeze(-2) + x * diag.unsqueeze(-2))
-    dx = dxs.clone()
-    sums = native_cpu.scan_backward_pointwise(dx, x, dy, dys, ys, s, diag)
-    close(dx, dxs * s.unsqueeze(-2) + dy * diag.unsqueeze(-2))
-    for got, want in zip(sums, [(dxs * x).sum(-2), (dys * ys).sum(-2), (dy * x).sum(-2)]):
-        close(got, want)
-
-
-def test_scan_pointwise_bad_input_is_named():
-    x, (dy, dys, ys, dxs), (s, diag) = _scan_operands(torch.float32, torch.Generator())
-    with pytest.raises(RuntimeError, match='ys must be a \(b, R, h, p, L\) CPU tensor like x'):
-        native_cpu.scan_output(ys.transpose(-1, -2).contiguous().transpose(-1, -2), s, x, diag)
-    with pytest.raises(RuntimeError, match='dy must be a \(b, R, h, p, L\) CPU tensor like x'):
-        native_cpu.scan_backward_pointwise(dxs, x, dy.double(), dys, ys, s, diag)
-    with pytest.raises(RuntimeError, match='s must be a contiguous \(b, R, h, L\) CPU tensor'):
-        native_cpu.scale_tokens(x, s[..., :5])
-    with pytest.raises(RuntimeError, match='dxs must be a contiguous tensor like x'):
-        native_cpu.scan_backward_pointwise(x, x, dy, dys, ys, s, diag)
-    assert not native_cpu.planes_fit(x.transpose(-1, -2))
-    assert not native_cpu.planes_fit(x, dy.bfloat16())
-
-
 @pytest.fixture
 def gemm_path():
     """The GEMMs of the native products (torch's BLAS where its symbols are found, else
@@ -430,42 +332,44 @@ def gemm_path():
     return 'gemm'
 
 
+def _triangles(t):
+    """Direction 0's strict lower and direction 1's strict upper triangle of ``t`` (b, R, g, L,
+    L), zero elsewhere."""
+    out = t.tril(-1)
+    if t.shape[1] == 2:
+        out[:, 1] = t[:, 1].triu(1)
+    return out
+
+
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 @pytest.mark.parametrize('dirs,groups,length', [(2, 1, 197), (2, 2, 130), (1, 2, 65), (2, 1, 7)])
 def test_products_equal_the_composition(gemm_path, dtype, tol, dirs, groups, length):
-    # the (L, L) products of the quadratic scan against the PyTorch ops, in one block (65, 7
+    # the (L, L) products of the quadratic scan against torch.matmul, in one block (65, 7
     # tokens) and in two or three blocks (130, 197); the operands views with strides outside
     # their planes (as the scan's grouped heads are)
-    from mmdinomamba.ops.cpu import ssd_triangles as tri
-    from mmdinomamba.ops.cpu.ssd_quadratic import _group_products
+    from mmdinomamba.ops.cpu.ssd_quadratic import block_bounds
     gen = torch.Generator().manual_seed(length)
     wide = torch.randn(3, dirs, groups, 20, length, generator=gen, dtype=dtype)
     x, y = wide[..., :12, :], wide[..., 8:, :]
-    assert not x.is_contiguous() and native_cpu.planes_fit(x, y)
-    cb = tri.mask_triangles(torch.randn(3, dirs, groups, length, length, generator=gen,
-                                        dtype=dtype))
+    assert not x.is_contiguous()
+    cb = _triangles(torch.randn(3, dirs, groups, length, length, generator=gen, dtype=dtype))
+    bounds = block_bounds(length)
 
     def close(got, want):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
 
-    for fn in (tri.apply_masked, tri.apply_masked_t):
-        close(fn(x, cb, native=True), fn(x, cb))
-    close(tri.masked_outer(x, y, native=True), tri.masked_outer(x, y))
-    for got, want in zip(_group_products(x, y, native=True), _group_products(x, y)):
-        close(got, want)
-    # a result written into a view of a wider tensor, nothing outside it touched
-    buf = torch.zeros(3, dirs, groups, 14, length, dtype=dtype)
-    native_cpu.column_products(x, cb, tri.block_bounds(length), True, True, buf[..., 1:13, :])
-    close(buf[..., 1:13, :], tri.apply_masked(x, cb))
-    assert (buf[..., 0, :] == 0).all() and (buf[..., 13, :] == 0).all()
+    close(native_cpu.column_products(x, cb, bounds, True, True), x @ cb.mT)
+    close(native_cpu.column_products(x, cb, bounds, False, False), x @ cb)
+    full = x.mT @ y
+    got, diag = native_cpu.masked_outer(x, y, bounds)
+    close(got, _triangles(full))
+    close(diag, full.diagonal(dim1=-2, dim2=-1))
 
 
 def test_products_bad_input_is_named():
     x, cb = torch.randn(2, 2, 1, 8, 9), torch.randn(2, 2, 1, 9, 9)
     with pytest.raises(RuntimeError, match='the matrices must be a \\(b, R, g, 9, 9\\)'):
         native_cpu.column_products(x, cb[..., :8], [0, 9], True, True)
-    with pytest.raises(RuntimeError, match='the output must be a \\(b, R, g, 8, 9\\)'):
-        native_cpu.column_products(x, cb, [0, 9], True, True, torch.empty(2, 2, 1, 9, 8).mT)
     with pytest.raises(RuntimeError, match='block bounds must rise strictly from 0 to the '
                                            'length 9'):
         native_cpu.column_products(x, cb, [0, 5, 5, 9], True, True)
@@ -558,26 +462,6 @@ def test_chunk_scan_bad_input_is_named():
         native_cpu.chunk_scan_backward(dy[:, :10], x, dt, A, B, C, D, states, 8)
 
 
-def test_transpose_falls_back_to_pytorchs_copy():
-    src = torch.randn(2, 9, 5)
-    for dst, source, native in [(torch.empty(2, 5, 9), src.bfloat16(), True),  # dtypes differ
-                                (torch.empty(2, 5, 9), src, False),  # switched off
-                                (torch.empty(2, 9, 5).transpose(1, 2), src, True)]:  # strides
-        out = native_cpu.transpose_into(dst, source, native)
-        assert out is dst
-        assert torch.equal(dst, source.transpose(1, 2).to(dst.dtype))
-
-
-def test_transpose_bad_input_is_named():
-    module = native_cpu.load()
-    with pytest.raises(RuntimeError, match='dst \(b, m, n\) and src \(b, n, m\)'):
-        module.transpose_into(torch.empty(2, 5, 9), torch.empty(2, 5, 9))
-    with pytest.raises(RuntimeError, match='dtypes differ'):
-        module.transpose_into(torch.empty(2, 5, 9), torch.empty(2, 9, 5, dtype=torch.float64))
-    with pytest.raises(RuntimeError, match='unit stride in their last dimension'):
-        module.transpose_into(torch.empty(2, 9, 5).transpose(1, 2), torch.empty(2, 9, 5))
-
-
 def _with_threads(n, fn):
     """``fn()`` with torch's intra-op thread count set to ``n``."""
     before = torch.get_num_threads()
@@ -601,24 +485,30 @@ def test_results_do_not_depend_on_the_thread_count():
     # every output (and every per-sample or per-run partial sum) is computed by one thread in a
     # fixed order: one and two threads give the same bits
     gen = torch.Generator().manual_seed(0)
-    xp = torch.randn(6, 40, 43, generator=gen)  # (b, C, L): the transpose's input
     xc = torch.randn(6, 37, 40, generator=gen)  # (b, L, C): the conv's
     w, b = torch.randn(2, 40, 4, generator=gen), torch.randn(2, 40, generator=gen)
     dact = torch.randn(6, 2, 40, 37, generator=gen)
     y, z = torch.randn(6, 2, 32, 70, generator=gen), torch.randn(6, 70, 32, generator=gen)
     nw, dm = torch.randn(2, 32, generator=gen), torch.randn(6, 70, 32, generator=gen)
-    hi, index, cb = _wide_inputs(torch.float32)
-    dW = torch.randn(5, 37, 37, generator=gen)
-    t = torch.rand(5, 37, generator=gen).cumsum(-1)
-    sx, (sdy, sdys, sys_, sdxs), (ss, sd) = _scan_operands(torch.float32, gen)
     px, py = torch.randn(2, 3, 2, 2, 17, 150, generator=gen).unbind(0)
     rstd = torch.rand(6, 37, 1, generator=gen) + 0.5
     pcb = torch.randn(3, 2, 2, 150, 150, generator=gen)
 
     mx, mys, mrow, mdiag, mwide, mparts, mdm, mz, mnw = _scan_output_operands(torch.float32, gen)
+    # the quadratic scan of both directions at three token blocks, head 0 decaying too strongly
+    # to factor (the wide heads' kernels)
+    qx, qdy = torch.randn(2, 3, 2, 4, 5, 150, generator=gen).unbind(0)
+    qdt = torch.rand(3, 2, 4, 150, generator=gen) * .5 + .1
+    qA = -torch.rand(2, 4, generator=gen) - .1
+    qA[:, 0] = -300.
+    qB, qC = torch.randn(2, 3, 2, 2, 6, 150, generator=gen).unbind(0)
+    qD = torch.randn(2, 4, generator=gen)
 
     def run():
-        dcb, dz = torch.zeros_like(cb), torch.empty(6, 70, 32)
+        from mmdinomamba.ops.cpu.ssd_quadratic import scan_backward, scan_forward
+        dz = torch.empty(6, 70, 32)
+        qy, st = scan_forward(qx, qdt, qA, qB, qC, qD)
+        assert st.wide.any() and not st.wide.all()
         mdz, mout = torch.empty_like(mdm), torch.empty_like(mdm)
         dx = torch.empty(6, 37, 40)
         return [*native_cpu.scan_factors(xc[..., :8], b[:, :8], -w[:, :8, 0].abs() * 9, 100.),
@@ -626,16 +516,12 @@ def test_results_do_not_depend_on_the_thread_count():
                 *native_cpu.conv_silu_backward(dact, xc, w, b, dx), dx,
                 native_cpu.merge_forward(y, z, nw, 2, 1e-5, torch.empty(6, 70, 32)),
                 *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5, dz), dz,
-                native_cpu.wide_weights(hi, cb, index, 0, False),
-                *native_cpu.wide_grads(dW, hi, t, cb, index, 1, dcb), dcb,
-                native_cpu.transpose_into(torch.empty(6, 43, 40), xp),
-                native_cpu.scale_tokens(sx, ss), native_cpu.scan_output(sys_, ss, sx, sd),
+                qy, *scan_backward(qdy, qx, qdt, qA, qB, qC, st, True),
                 *native_cpu.merge_backward_scan(mdm, mys, mrow, mx, mdiag, mwide, mparts, mz,
                                                 mnw, 2, 1e-5, mdz, mout), mdz, mout,
-                *native_cpu.scan_backward_pointwise(sdxs.clone(), sx, sdy, sdys, sys_, ss, sd),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], True, True),
                 native_cpu.column_products(px, pcb, [0, 64, 128, 150], False, False),
-                *native_cpu.masked_outer(px, py, [0, 64, 128, 150], diag=True),
+                *native_cpu.masked_outer(px, py, [0, 64, 128, 150]),
                 *native_cpu.rms_norm_forward(xc, w[0, :, 0].contiguous(), 1e-5),
                 *native_cpu.rms_norm_backward(dx.contiguous(), xc, rstd, w[0, :, 0].contiguous())]
 
@@ -652,7 +538,9 @@ def _grads(m, x):
 
 
 def _record(monkeypatch, names) -> list:
-    """The list that the named kernels (monkeypatched) append their names to when called."""
+    """The list that the named kernels (monkeypatched) append their names to when called (after
+    the self-check, which calls them too)."""
+    assert native_cpu.available()
     calls = []
     for name in names:
         fn = getattr(native_cpu, name)
@@ -661,7 +549,7 @@ def _record(monkeypatch, names) -> list:
     return calls
 
 
-def _assert_the_pytorch_ops_agree(m, x, native, calls, atol):
+def _assert_the_reference_agrees(m, x, native, calls, atol):
     """``_grads(m, x)`` with the kernels switched off calls none of them and equals ``native``."""
     calls.clear()
     with reference_ops():
@@ -679,8 +567,7 @@ def test_fast_path_uses_them_and_equals_the_reference(monkeypatch, length):
         m.A_log_b.zero_()
     x = torch.randn(3, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
-                                  'merge_backward', 'merge_backward_scan', 'scale_tokens',
-                                  'scan_output', 'scan_backward_pointwise', 'column_products',
+                                  'merge_backward', 'merge_backward_scan', 'column_products',
                                   'masked_outer', 'products_forward', 'products_backward'))
     native = _grads(m, x)
     # forward (the conv's output kept); the scan's output rebuilt in the backward pass inside
@@ -691,7 +578,7 @@ def test_fast_path_uses_them_and_equals_the_reference(monkeypatch, length):
                      'merge_backward_scan', 'products_backward',
                      *['column_products'] * (2 * blocks),
                      'conv_silu_backward']
-    _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-13)
+    _assert_the_reference_agrees(m, x, native, calls, atol=1e-13)
 
 
 @pytest.mark.parametrize('length', [23, 130])
@@ -704,8 +591,8 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
         m.A_log_b[:2].fill_(math.log(300.))
         m.A_log_b[2:].fill_(math.log(.5))
     x = torch.randn(2, length, 32, dtype=torch.float64)
-    calls = _record(monkeypatch, ('wide_weights', 'wide_grads', 'wide_forward', 'wide_backward',
-                                  'column_products', 'masked_outer', 'merge_backward_scan'))
+    calls = _record(monkeypatch, ('wide_forward', 'wide_backward', 'column_products',
+                                  'masked_outer', 'merge_backward_scan'))
     native = _grads(m, x)
     # the merge's backward pass rebuilds the scan's output, the wide heads' parts included;
     # one call each way for both directions' wide heads, their products inside; the factored
@@ -714,7 +601,7 @@ def test_fast_path_runs_strongly_decaying_heads_in_them(monkeypatch, length):
     assert [c for c in calls if c.startswith('wide')] == ['wide_forward', 'wide_backward']
     assert calls.count('column_products') == 2 * (length >= 128)
     assert calls.count('masked_outer') == 1
-    _assert_the_pytorch_ops_agree(m, x, native, calls, atol=1e-12)
+    _assert_the_reference_agrees(m, x, native, calls, atol=1e-12)
 
 
 def test_torch_compile_runs_the_kernels_as_one_op(monkeypatch):
@@ -774,7 +661,7 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
                                     'chunk_scan_backward', 'recurrent_scan_backward',
                                     'scan_steps'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
-    # a kernel 1% off (as a miscompiled one might be): one warning, the PyTorch ops run
+    # a kernel 1% off (as a miscompiled one might be): one warning, the reference runs
     monkeypatch.setattr(native_cpu, '_state', {})
     fn = getattr(native_cpu, broken)
 
@@ -794,7 +681,7 @@ def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     assert len(caught) == 1 and 'failed their self-check' in str(caught[0].message)
     assert 'relative error' in native_cpu.load_error()
     m = BiSSD(embed_dims=32, d_state=8, headdim=8)
-    assert torch.isfinite(m(torch.randn(2, 9, 32))).all()  # the PyTorch ops run instead
+    assert torch.isfinite(m(torch.randn(2, 9, 32))).all()  # the reference runs instead
 
 
 def test_a_self_check_that_raises_fails(monkeypatch):
@@ -821,7 +708,7 @@ def test_a_failed_build_falls_back_with_the_reason(monkeypatch, tmp_path):
     assert len(caught) == 1 and 'could not be built' in str(caught[0].message)
     assert 'missing.cpp' in native_cpu.load_error()
     m = BiSSD(embed_dims=32, d_state=8, headdim=8)
-    y = m(torch.randn(2, 9, 32))  # the PyTorch ops run instead
+    y = m(torch.randn(2, 9, 32))  # the reference runs instead
     assert torch.isfinite(y).all()
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmdinomamba.ops import ssd, ssd_scan, ssd_scan_quadratic, ssd_scan_ref
-from mmdinomamba.ops.cpu.ssd_quadratic import FACTORED_RANGE, scan_backward, scan_forward
-from mmdinomamba.ops.cpu.ssd_triangles import block_bounds
+from mmdinomamba.ops.cpu.ssd_quadratic import (FACTORED_RANGE, block_bounds, scan_backward,
+                                                scan_forward)
 
 from test_ssd_scan import (HEADS, HEADDIM, assert_float32_close_to_float64, assert_float64_exact,
                            make_inputs, rel_err)
@@ -39,7 +39,8 @@ def test_float32_matches_float64_recurrence(length, groups, kind):
             make_inputs(length, groups, seed=length))
     if kind == 'gentle':
         assert (_decay_ranges(args) <= FACTORED_RANGE).all()  # the factored form only
-    ins = assert_float32_close_to_float64(ssd_scan_quadratic, args)
+    # the gradient of A sums float32 products over every token pair: 1.1e-5 at 256 tokens
+    ins = assert_float32_close_to_float64(ssd_scan_quadratic, args, 2e-5)
     if length == 1:  # y_0 does not depend on A
         assert ins[2].grad.abs().max() == 0
 
@@ -61,58 +62,56 @@ def test_triangle_blocks_are_near_equal_with_aligned_inner_bounds(length, bounds
     assert block_bounds(length) == bounds
 
 
-@pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
-@pytest.mark.parametrize('length,groups', [(33, 1), (130, 2), (200, 1)])  # 1, 2, 3 blocks
-@pytest.mark.parametrize('native', [False, True])
-def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups, native):
-    """Direction 1 of the channel-major layout is the scan of the reversed sequence, read back in
-    the original order; both directions in one call (float64), with the triangular products in
-    one block or cut into blocks; per-head heads by PyTorch ops or the native CPU kernels."""
-    assert len(block_bounds(length)) - 1 == {33: 1, 130: 2, 200: 3}[length]
-    fwd, bwd = gentle_inputs(length, groups, dtype=torch.float64, seed=5), gentle_inputs(
-        length, groups, dtype=torch.float64, seed=6)
-    bwd[1] = bwd[1] * scale
+def _channel_major(x, dt, A, B, C, D):
+    return (x.permute(0, 2, 3, 1), dt.transpose(1, 2), A, B.permute(0, 2, 3, 1),
+            C.permute(0, 2, 3, 1), D)
 
-    def channel_major(x, dt, A, B, C, D):
-        return (x.permute(0, 2, 3, 1), dt.transpose(1, 2), A, B.permute(0, 2, 3, 1),
-                C.permute(0, 2, 3, 1), D)
 
-    both = [torch.stack(pair, 1 if pair[0].dim() > 1 else 0)
-            for pair in zip(channel_major(*fwd), channel_major(*bwd))]
-    both = [t.contiguous().requires_grad_() for t in both]
-    y, st = scan_forward(*both, native=native)
-    ref_f = ssd_scan_ref(*fwd)
-    ref_b = ssd_scan_ref(*[t.flip(1) if t.dim() > 1 else t for t in bwd]).flip(1)
-    torch.testing.assert_close(y[:, 0].permute(0, 3, 1, 2), ref_f, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(y[:, 1].permute(0, 3, 1, 2), ref_b, rtol=1e-10, atol=1e-10)
-    # the hand-written backward against autograd through the reference
-    dy = torch.randn_like(y)
-    with torch.no_grad():  # as in an autograd backward pass
-        grads = scan_backward(dy, both[0], both[1], both[2], both[3], both[4], st, True,
-                              native)
-    leaves = [t.detach().requires_grad_() for t in both]
-    refs = []
-    for r, src in ((0, fwd), (1, bwd)):
+def _reference(both, dy):
+    """Output and gradients of :func:`scan_forward`'s arguments ``both`` (both directions,
+    channel-major) for ``dy``, by the sequential recurrence in float64 and autograd: direction 1
+    the scan of the reversed sequence, read back in the original order."""
+    leaves = [t.detach().double().requires_grad_() for t in both]
+    outs = []
+    for r in (0, 1):
         x, dt, A, B, C, D = (leaves[0][:, r].permute(0, 3, 1, 2), leaves[1][:, r].transpose(1, 2),
                              leaves[2][r], leaves[3][:, r].permute(0, 3, 1, 2),
                              leaves[4][:, r].permute(0, 3, 1, 2), leaves[5][r])
         if r == 1:
             x, dt, B, C = x.flip(1), dt.flip(1), B.flip(1), C.flip(1)
         out = ssd_scan_ref(x, dt, A, B, C, D)
-        refs.append(out.flip(1) if r == 1 else out)
-    torch.autograd.backward([o.permute(0, 2, 3, 1) for o in refs], [dy[:, 0], dy[:, 1]])
-    for got, leaf in zip(grads, leaves):
-        torch.testing.assert_close(got, leaf.grad, rtol=1e-9, atol=1e-10)
+        outs.append((out.flip(1) if r == 1 else out).permute(0, 2, 3, 1))
+    y = torch.stack(outs, 1)
+    return [y.detach(), *torch.autograd.grad(y, leaves, dy.double())]
 
 
-@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('scale', [1.0, 300.0])  # factored / per head
+@pytest.mark.parametrize('length,groups', [(33, 1), (130, 2), (200, 1)])  # 1, 2, 3 blocks
+def test_anti_causal_direction_is_the_flipped_scan(scale, length, groups):
+    """Direction 1 of the channel-major layout is the scan of the reversed sequence, read back in
+    the original order; both directions in one call (float64), with the triangular products in
+    one block or cut into blocks; the hand-written backward against autograd through the
+    reference."""
+    assert len(block_bounds(length)) - 1 == {33: 1, 130: 2, 200: 3}[length]
+    fwd, bwd = gentle_inputs(length, groups, dtype=torch.float64, seed=5), gentle_inputs(
+        length, groups, dtype=torch.float64, seed=6)
+    bwd[1] = bwd[1] * scale
+    both = [torch.stack(pair, 1 if pair[0].dim() > 1 else 0).contiguous()
+            for pair in zip(_channel_major(*fwd), _channel_major(*bwd))]
+    y, st = scan_forward(*both)
+    dy = torch.randn_like(y)
+    with torch.no_grad():  # as in an autograd backward pass
+        got = [y, *scan_backward(dy, *both[:5], st, True)]
+    for a, b in zip(got, _reference(both, dy)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-11), (torch.float32, 2e-5)])
 @pytest.mark.parametrize('length', [33, 200])  # one and three token blocks
-def test_native_kernels_equal_the_pytorch_ops(dtype, tol, length):
-    """The strongly decaying heads in one native call each way == gathered, computed and
-    scattered back by PyTorch ops: several per direction, some sharing a group matrix, at
-    scattered (sample, direction, head) places; the factored products with their element-wise
-    work in one call == PyTorch's products and element-wise ops; the output replayed from the
-    state too."""
+def test_scattered_wide_heads_equal_the_recurrence(dtype, tol, length):
+    """Strongly decaying heads, several per direction, some sharing a group matrix, at scattered
+    (sample, direction, head) places, next to factored ones: output and every gradient against
+    the float64 recurrence."""
     gen = torch.Generator().manual_seed(length)
     b, R, h, p, g, n = 3, 2, 6, 8, 2, 16
     x, dy = (torch.randn(b, R, h, p, length, generator=gen, dtype=dtype) for _ in range(2))
@@ -124,14 +123,12 @@ def test_native_kernels_equal_the_pytorch_ops(dtype, tol, length):
     A = -torch.rand(R, h, generator=gen, dtype=dtype) - 0.5
     B, C = (torch.randn(b, R, g, n, length, generator=gen, dtype=dtype) for _ in range(2))
     D = torch.randn(R, h, generator=gen, dtype=dtype)
-    results = []
-    for native in (True, False):
-        y, st = scan_forward(x, dt, A, B, C, D, native=native)
-        assert st.wide.sum() == b * R + 3 and not st.wide.all()
-        results.append((y, st.output(x, native=native),
-                        *scan_backward(dy, x, dt, A, B, C, st, True, native=native)))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+    y, st = scan_forward(x, dt, A, B, C, D)
+    assert st.wide.sum() == b * R + 3 and not st.wide.all()
+    got = [y, *scan_backward(dy, x, dt, A, B, C, st, True)]
+    for name, a, w in zip(['y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got,
+                          _reference([x, dt, A, B, C, D], dy)):
+        assert rel_err(a, w) <= tol, name
 
 
 def test_the_length_alone_picks_the_form(monkeypatch):

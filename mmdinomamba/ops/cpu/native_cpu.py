@@ -9,10 +9,15 @@ They are built once per machine and source version with ``torch.utils.cpp_extens
 ninja; ``-march=native``, the build keyed by the CPU's instruction-set flags and the sources'
 paths and contents) into PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line is printed
 before a build starts. After loading, the registered self-checks compare them once with the
-PyTorch ops. If the build or a self-check fails, ONE warning names the reason and the
-reference runs instead; nothing is retried or switched during a run. ``-ffast-math`` is a
-compile flag only: the library is linked without it, so loading it does not switch the process
-to flushing subnormal floats to zero (tested).
+PyTorch reference (:mod:`..reference`). If the build or a self-check fails, ONE warning names
+the reason and the reference runs instead; nothing is retried or switched during a run.
+``-ffast-math`` is a compile flag only: the library is linked without it, so loading it does
+not switch the process to flushing subnormal floats to zero (tested).
+
+Operands: float32 or float64, one dtype a call; *token-major* (b, L, c) tensors with unit
+channel stride and tokens and samples apart (views into the projection are fine); *planes*
+(b, R, h, p, L) with contiguous (p, L) planes (any strides outside them); per-token (b, R, h, L)
+and matrix (b, R, g, L, L) tensors contiguous. The kernels check their operands and raise.
 """
 import hashlib
 import logging
@@ -28,12 +33,13 @@ from torch import Tensor
 
 from ..switch import kernels_enabled
 
-__all__ = ['SOURCES', 'load', 'available', 'use_for', 'load_error',
+__all__ = ['SOURCES', 'load', 'available', 'use_for', 'load_error', 'register_self_check',
            'conv_silu_forward', 'conv_silu_backward', 'merge_forward', 'merge_backward',
-           'column_products', 'masked_outer', 'rms_norm_forward', 'rms_norm_backward',
-           'wide_weights', 'wide_grads', 'planes_fit', 'scale_tokens', 'scan_output',
-           'scan_backward_pointwise', 'transpose_into', 'tokens_fit', 'scan_factors',
-           'chunk_scan_forward', 'chunk_scan_backward']
+           'merge_backward_scan', 'wide_forward', 'wide_backward', 'products_forward',
+           'products_backward', 'scan_factors', 'scan_steps', 'column_products',
+           'masked_outer', 'rms_norm_forward', 'rms_norm_backward', 'recurrent_fits',
+           'recurrent_scan_forward', 'recurrent_scan_backward', 'chunk_scan_forward',
+           'chunk_scan_backward']
 
 #: the kernels' sources: one concept a header, all compiled as the one translation unit of
 #: ``bindings.cpp`` (their shared inline helpers stay internal)
@@ -97,13 +103,13 @@ def _module():
         return _state['module']
 
 
-#: Largest relative error (norm) of any result of a self-check (the kernels and the PyTorch ops
-#: differ by about 1e-6 at most: other rounding orders)
+#: Largest relative error (norm) of any result of a self-check (the kernels and the reference
+#: differ by about 1e-6 in float32: other rounding orders)
 SELF_CHECK_TOL = 1e-5
 
 #: The self-checks run once the kernels are loaded: functions returning what differs by more
 #: than ``SELF_CHECK_TOL`` (or None), registered by the modules whose kernels they compare
-#: with the PyTorch ops (this module imports none of them)
+#: with the reference (this module imports none of them)
 _self_checks: list = []
 
 
@@ -185,10 +191,10 @@ def load_error() -> str | None:
 
 
 def conv_silu_forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``silu`` of :func:`~mmdinomamba.ops.shift_conv.bidir_conv_forward` of
-    ``pad_channel_major(x)``: (b, 2, C, L) from the token-major ``x`` (b, L, C) (unit channel
-    stride; a view into the projection is fine, :func:`tokens_fit`), ``weight`` (2, C, K) and
-    ``bias`` (2, C) of ``x``'s dtype (float32 or float64, K from 2 to 4)."""
+    """Both directions' depthwise conv + SiLU, channel-major in the original token order
+    (direction 1 anti-causal there; :func:`~mmdinomamba.ops.reference.bidir_causal_conv1d_ref`
+    of the flipped sequence read back): (b, 2, C, L) from the token-major ``x`` (b, L, C),
+    ``weight`` (2, C, K) and ``bias`` (2, C) of ``x``'s dtype (K from 2 to 4)."""
     return _module().conv_silu_forward(x, weight.contiguous(),
                                     None if bias is None else bias.contiguous())
 
@@ -210,9 +216,7 @@ def merge_forward(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float,
                   out: Tensor) -> Tensor:
     """``(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2`` of the channel-major ``y``
     (b, 2, d, L) and the token-major ``z`` (b, L, d), the root mean square over ``groups``
-    groups of channels (:func:`~mmdinomamba.ops.bidir_inner.merge_forward` with a weight),
-    written into the token-major ``out`` (b, L, d), which is returned. ``z`` and ``out`` need
-    unit channel stride (views into wider tensors are fine, see :func:`tokens_fit`)."""
+    groups of channels, written into the token-major ``out`` (b, L, d), which is returned."""
     _module().merge_forward(y, z, weight.contiguous(), groups, eps, out)
     return out
 
@@ -233,61 +237,31 @@ def merge_backward_scan(dm: Tensor, ys: Tensor, row: Tensor, x: Tensor, diag: Te
                         groups: int, eps: float, dz: Tensor,
                         out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """:func:`merge_backward` of the quadratic scan's output ``y = ys row + x diag`` (``ys``,
-    ``x`` (b, 2, h, p, L) as :func:`planes_fit` says, ``row``, ``diag`` (b, 2, h, L)) plus, at
-    the heads ``wide`` (b, 2, h) marks, their ``parts`` (N, p, L) in :func:`wide_forward`'s
-    order (:meth:`.ssd_quadratic.ScanState.output`), rebuilt tile by tile inside the kernel
-    instead of read: the same gradients and ``out`` without ``y`` in memory. Returns ``dy``
-    (b, 2, h p, L) and ``dweight`` (2, h p)."""
+    ``x`` (b, 2, h, p, L) planes, ``row``, ``diag`` (b, 2, h, L)) plus, at the heads ``wide``
+    (b, 2, h) marks, their ``parts`` (N, p, L) in :func:`wide_forward`'s order, rebuilt tile by
+    tile inside the kernel instead of read: the same gradients and ``out`` without ``y`` in
+    memory. Returns ``dy`` (b, 2, h p, L) and ``dweight`` (2, h p)."""
     dy, dweight = _module().merge_backward_scan(dm, ys, row.contiguous(), x, diag.contiguous(),
                                                 wide.contiguous(), parts, z,
                                                 weight.contiguous(), groups, eps, dz, out)
     return dy, dweight
 
 
-def tokens_fit(dtype: torch.dtype, *tensors: Tensor) -> bool:
-    """Whether (b, L, d) tensors suit the native kernels as token-major operands: ``dtype``
-    (float32 or float64), unit channel stride, tokens and samples apart."""
-    return dtype in (torch.float32, torch.float64) and all(
-        t.dtype == dtype and t.dim() == 3 and t.stride(2) == 1 and t.stride(1) >= t.shape[2]
-        and (t.shape[0] == 1 or t.stride(0) >= t.shape[1] * t.stride(1)) for t in tensors)
-
-
-def wide_weights(hi: Tensor, cb: Tensor, index: Tensor, direction: int,
-                 transpose: bool) -> Tensor:
-    """The weights ``W_ij = exp(clamp(hi_i - hi_j, -60, 0)) cb_ij`` (N, L, L) of N strongly
-    decaying heads of the SSD scan (:mod:`.ssd_quadratic_heads`) on the ``direction``'s strict
-    triangle (0: lower, 1: upper), zero elsewhere, or their transposes: ``hi`` (N, L) the heads'
-    cumulative decay, ``cb`` (M, L, L) the group matrices, ``index`` (N,) sorted int64, head
-    ``n``'s matrix ``cb[index[n]]``."""
-    return _module().wide_weights(hi, cb, index, direction, transpose)
-
-
-def wide_grads(dW: Tensor, hi: Tensor, t: Tensor, cb: Tensor, index: Tensor, direction: int,
-               dcb: Tensor) -> tuple[Tensor, Tensor]:
-    """Gradients of :func:`wide_weights` for ``dW`` (N, L, L): adds ``E * dW`` (``E`` the decay
-    factors, on the triangle) to ``dcb[index[n]]`` in place and returns, with ``G = dW * W``,
-    ``dS`` (N, L) = row sums minus column sums of ``G`` and ``sum_ij G_ij (t_i - t_j)`` (N,)
-    in float64 (``t`` (N, L) like ``hi``)."""
-    dS, pairs = _module().wide_grads(dW, hi, t, cb, index, direction, dcb)
-    return dS, pairs
-
-
 def wide_forward(x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
                  bounds: list[int], y: Tensor) -> Tensor:
-    """:func:`.ssd_quadratic_heads.add_forward` in one call: adds the ``wide`` (b, R, h) heads'
-    share of the quadratic scan to ``y`` in place and returns it (N, p, L) in the order of
-    :func:`.ssd_quadratic_heads.add_saved`; ``x``, ``y`` (b, R, h, p, L) as :func:`planes_fit`
-    says, ``dt`` (b, R, h, L) and ``S`` (float64) contiguous, ``cb`` (b, R, g, L, L) contiguous,
-    the products per token block of ``bounds``."""
+    """Adds the share of the quadratic scan's strongly decaying heads (those ``wide`` (b, R, h)
+    marks; ``csrc/wide_fused.h``) to ``y`` in place and returns it (N, p, L), by direction, then
+    sample, then head; ``x``, ``y`` (b, R, h, p, L) planes, ``dt``, ``S`` (float64) per-token,
+    ``cb`` (b, R, g, L, L), the products per token block of ``bounds``."""
     return _module().wide_forward(x, dt, S, cb, wide, list(bounds), y)
 
 
 def wide_backward(dy: Tensor, x: Tensor, dt: Tensor, S: Tensor, cb: Tensor, wide: Tensor,
                   bounds: list[int], dx: Tensor, ddt: Tensor, dS: Tensor,
                   dcb: Tensor) -> Tensor:
-    """:func:`.ssd_quadratic_heads.add_backward` in one call: adds the ``wide`` heads' gradients
-    to ``dx`` (like ``x``), ``ddt``, ``dS`` (like ``dt``, contiguous) and ``dcb`` (like ``cb``)
-    in place and returns their ``dA`` (R, h) in float64 (operands as :func:`wide_forward`)."""
+    """Gradients of :func:`wide_forward`: adds the ``wide`` heads' gradients to ``dx`` (like
+    ``x``), ``ddt``, ``dS`` (like ``dt``) and ``dcb`` (like ``cb``) in place and returns their
+    ``dA`` (R, h) in float64 (operands as :func:`wide_forward`)."""
     return _module().wide_backward(dy, x, dt, S, cb, wide, list(bounds), dx, ddt, dS, dcb)
 
 
@@ -296,8 +270,8 @@ def products_forward(x: Tensor, s: Tensor, cb: Tensor, row: Tensor, diag: Tensor
     """The quadratic form's factored products with their element-wise work, per (sample,
     direction, group) in one pass: ``ys = xs @ cb^T`` per group (``xs = x s``, the heads of
     a group side by side) and ``y = ys row + x diag``, both (b, R, h, p, L) and contiguous;
-    ``x`` as :func:`planes_fit` says, ``s``, ``row``, ``diag`` (b, R, h, L) and ``cb`` (b, R, g,
-    L, L) contiguous, the products per token block of ``bounds`` (:mod:`.ssd_triangles`)."""
+    ``x`` planes, ``s``, ``row``, ``diag`` (b, R, h, L) and ``cb`` (b, R, g, L, L), the products
+    per token block of ``bounds`` (:func:`.ssd_quadratic.block_bounds`)."""
     ys, y = _module().products_forward(x, s, cb, row, diag, list(bounds))
     return ys, y
 
@@ -307,49 +281,18 @@ def products_backward(dy: Tensor, x: Tensor, ys: Tensor, s: Tensor, row: Tensor,
     """Gradients of :func:`products_forward`'s products for ``dy`` (like ``x``): ``dx = dxs s +
     dy diag`` (``dxs = dys @ cb`` per group, ``dys = dy row``), ``dcb = dys^T @ xs`` on each
     direction's strict triangle (zero elsewhere), and the per-token sums over ``p`` of ``dxs
-    x``, ``dys ys`` and ``dy x`` (b, R, h, L), as :func:`scan_backward_pointwise` gives them."""
+    x``, ``dys ys`` and ``dy x`` (b, R, h, L)."""
     dx, dcb, dxs_x, dys_ys, dy_x = _module().products_backward(dy, x, ys, s, row, diag, cb,
                                                                list(bounds))
     return dx, dcb, dxs_x, dys_ys, dy_x
 
 
-def transpose_into(dst: Tensor, src: Tensor, native: bool = True) -> Tensor:
-    """``dst.copy_(src.transpose(1, 2))`` for 3-d ``dst`` (b, m, n) and ``src`` (b, n, m), and
-    returns ``dst``; with ``native`` (the caller's :func:`use_for`) in the native kernel when
-    both have ``dst``'s floating dtype and unit stride in their last dimension (views into wider
-    tensors are fine), else by PyTorch's copy (other dtypes are converted there)."""
-    if (native and dst.dtype == src.dtype and dst.dtype in (torch.float32, torch.float64)
-            and dst.stride(-1) == 1 and src.stride(-1) == 1
-            and dst.stride(1) >= dst.shape[2] and src.stride(1) >= src.shape[2]):
-        _module().transpose_into(dst, src)
-        return dst
-    return dst.copy_(src.transpose(1, 2))
-
-
-def planes_fit(*tensors: Tensor) -> bool:
-    """Whether (b, R, h, p, L) tensors suit the scan's element-wise kernels: float32 / float64,
-    one dtype, contiguous (p, L) planes (any strides outside them)."""
-    dtype = tensors[0].dtype
-    return dtype in (torch.float32, torch.float64) and all(
-        t.dtype == dtype and t.dim() == 5 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
-        for t in tensors)
-
-
-def fused_fit(planes: list[Tensor], flat: list[Tensor]) -> bool:
-    """Whether operands suit the scan's fused kernels (:func:`products_forward`,
-    :func:`wide_forward` and their backward passes): (b, R, h, p, L) ``planes`` as
-    :func:`planes_fit` says and contiguous ``flat`` tensors of their dtype."""
-    return planes_fit(*planes) and all(t.is_contiguous() and t.dtype == planes[0].dtype
-                                       for t in flat)
-
-
 def scan_factors(raw: Tensor, dt_bias: Tensor, A: Tensor,
                  factored_range: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Both directions' step sizes ``dt = softplus(raw + dt_bias[r])`` (b, 2, h, L) from the
-    token-major ``raw`` (b, L, h) (:func:`tokens_fit`; a view into the projection is fine), and
-    the quadratic scan's factors of them with ``A`` (2, h): ``S`` (float64), ``row``, ``col``
-    and ``wide`` as :func:`~mmdinomamba.ops.ssd_quadratic.ScanState` holds them, in one pass per
-    (sample, direction, head)."""
+    token-major ``raw`` (b, L, h), and the quadratic scan's factors of them with ``A`` (2, h):
+    ``S`` (float64), ``row``, ``col`` and ``wide`` as :class:`.ssd_quadratic.ScanState` holds
+    them, in one pass per (sample, direction, head)."""
     dt, S, row, col, wide = _module().scan_factors(raw, dt_bias.contiguous(), A.contiguous(),
                                                    factored_range, True)
     return dt, S, row, col, wide
@@ -362,29 +305,26 @@ def scan_steps(raw: Tensor, dt_bias: Tensor) -> Tensor:
 
 
 def column_products(a: Tensor, m: Tensor, bounds: list[int], transpose: bool,
-                    prefix_first: bool, out: Tensor | None = None) -> Tensor:
-    """``a @ m`` (``transpose``: ``a @ m^T``) per (sample, direction, group) of ``a`` (b, R, g,
-    P, L) and the matrices ``m`` (b, R, g, L, L), written into ``out`` (like ``a``; a new
-    tensor if None) and returned: the products of :mod:`.ssd_triangles` with the token
-    ``bounds`` of its blocks, the product ``m`` taken as zero outside its block triangle
-    (column block ``j`` reads its rows ``[0, j1)`` in direction 0 if ``prefix_first``, else in
-    direction 1, and rows ``[j0, L)`` in the other). Every block product is one task of a
-    single-threaded GEMM; operands as :func:`planes_fit` says (``out`` may be a view with unit
-    stride along L)."""
-    out = a.new_empty(a.shape) if out is None else out
+                    prefix_first: bool) -> Tensor:
+    """``a @ m`` (``transpose``: ``a @ m^T``) per (sample, direction, group) of the planes ``a``
+    (b, R, g, P, L) and the matrices ``m`` (b, R, g, L, L), a new tensor like ``a``, per token
+    block of ``bounds`` (:func:`.ssd_quadratic.block_bounds`), ``m`` taken as zero outside its
+    block triangle (column block ``j`` reads its rows ``[0, j1)`` in direction 0 if
+    ``prefix_first``, else in direction 1, and rows ``[j0, L)`` in the other). Every block
+    product is one task of a single-threaded GEMM."""
+    out = a.new_empty(a.shape)
     _module().column_products(a, m, out, list(bounds), transpose, prefix_first)
     return out
 
 
-def masked_outer(dy: Tensor, x: Tensor, bounds: list[int], diag: bool = False,
-                 first_lower: bool = True) -> tuple[Tensor, Tensor | None]:
-    """``dy^T @ x`` (b, R, g, L, L) per (sample, direction, group) of ``dy`` and ``x`` (b, R,
-    g, P, L) on direction 0's strict lower and direction 1's strict upper triangle (the other
-    way round unless ``first_lower``), zero elsewhere (its blocks off the triangle never
-    computed), and with ``diag`` the full product's diagonal (b, R, g, L) (else None)."""
+def masked_outer(dy: Tensor, x: Tensor, bounds: list[int]) -> tuple[Tensor, Tensor]:
+    """``dy^T @ x`` (b, R, g, L, L) per (sample, direction, group) of the planes ``dy`` and
+    ``x`` (b, R, g, P, L) on direction 0's strict lower and direction 1's strict upper
+    triangle, zero elsewhere (its blocks off the triangle never computed), and the full
+    product's diagonal (b, R, g, L)."""
     out = dy.new_empty(*dy.shape[:3], dy.shape[-1], dy.shape[-1])
-    d = dy.new_empty(*dy.shape[:3], dy.shape[-1]) if diag else None
-    _module().masked_outer(dy, x, out, list(bounds), d, first_lower)
+    d = dy.new_empty(*dy.shape[:3], dy.shape[-1])
+    _module().masked_outer(dy, x, out, list(bounds), d)
     return out, d
 
 
@@ -403,28 +343,6 @@ def rms_norm_backward(grad: Tensor, x: Tensor, rstd: Tensor,
     return grads[0], grads[1] if weight is not None else None
 
 
-def scale_tokens(x: Tensor, s: Tensor) -> Tensor:
-    """``x * s.unsqueeze(-2)`` of ``x`` (b, R, h, p, L) (:func:`planes_fit`) and the per-token
-    ``s`` (b, R, h, L), a new contiguous tensor."""
-    return _module().scale_tokens(x, s.contiguous())
-
-
-def scan_output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor) -> Tensor:
-    """``ys * row.unsqueeze(-2) + x * diag.unsqueeze(-2)`` (the quadratic SSD scan's output
-    from its product ``ys``), a new contiguous tensor; shapes as in :func:`scale_tokens`."""
-    return _module().scan_output(ys, row.contiguous(), x, diag.contiguous())
-
-
-def scan_backward_pointwise(dxs: Tensor, x: Tensor, dy: Tensor, dys: Tensor, ys: Tensor,
-                            s: Tensor, diag: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The quadratic SSD scan's backward element-wise work in one pass: writes ``dxs * s + dy *
-    diag`` (per-token ``s`` and ``diag``) over the contiguous ``dxs`` and returns the per-token
-    sums over the channels ``p`` of ``dxs * x``, ``dys * ys`` and ``dy * x`` (b, R, h, L)."""
-    dxs_x, dys_ys, dy_x = _module().scan_backward_pointwise(dxs, x, dy, dys, ys, s.contiguous(),
-                                                           diag.contiguous())
-    return dxs_x, dys_ys, dy_x
-
-
 #: the head sizes (states, channels) of :func:`recurrent_scan_forward`
 RECURRENT_HEADS = (16, 16)
 
@@ -438,9 +356,9 @@ def recurrent_fits(d_state: int, headdim: int) -> bool:
 def recurrent_scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                            D: Tensor | None) -> Tensor:
     """The SSD scan by its recurrence, for heads that :func:`recurrent_fits`: ``y`` (b, R, h, p,
-    L), a new contiguous tensor, of the operands of
-    :func:`~mmdinomamba.ops.ssd_quadratic.scan_forward` in its layout (``x``, ``B``, ``C`` as
-    :func:`planes_fit` says, ``dt`` (b, R, h, L) contiguous, ``A`` and ``D`` (R, h))."""
+    L), a new contiguous tensor, of the operands of :func:`.ssd_quadratic.scan_forward` in its
+    layout (``x``, ``B``, ``C`` planes, ``dt`` (b, R, h, L), ``A`` and ``D`` (R, h));
+    ``csrc/recurrent.h`` says how."""
     return _module().recurrent_scan_forward(x, dt, A.contiguous(), B, C,
                                             None if D is None else D.contiguous())
 

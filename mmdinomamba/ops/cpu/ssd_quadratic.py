@@ -14,16 +14,24 @@ Two exact forms, chosen per (sample, direction, head) by the range ``rho = |S_fi
 * factored (``rho <= 100``): ``exp(S_i - S_j) = exp(S_i - c) exp(c - S_j)`` with ``c`` the
   middle of the range (both factors within ``exp(+-50)``, computed in float64), so the decay
   moves into per-token scales of ``x`` and ``y`` and every head of a group shares one masked
-  ``C^T B``: ``y = e_row * (tril(C^T B) @ (x dt e_col))``, ONE matrix product per group (its
-  all-zero blocks skipped, :mod:`.ssd_triangles`) and no per-head (L, L) work at all;
-* per head (``rho > 100``, strong decay): ``W = exp(clamp(hi_i - hi_j, -60, 0)) * C^T B``
-  built per head (:mod:`.ssd_quadratic_heads`).
+  ``C^T B``: ``y = e_row * (tril(C^T B) @ (x dt e_col))``, ONE matrix product per group and no
+  per-head (L, L) work at all;
+* per head (``rho > 100``, strong decay, "wide" heads): ``W = exp(clamp(hi_i - hi_j, -60, 0))
+  * C^T B`` built per head (``csrc/wide_fused.h`` says how, exactly).
+
+The matrices are strictly lower (causal direction) or upper (anti-causal) triangular, so half
+of each product with them adds zeros: cutting the tokens into ``k`` blocks
+(:func:`block_bounds`) and skipping the blocks that are all zero leaves ``(k + 1) / (2 k)`` of
+the work in a few larger GEMMs, each a task of its own, with the same non-zero terms as the full
+product. Everything runs in the native kernels (:mod:`.native_cpu`), the element-wise work
+fused with the products, one call each way for the factored heads and one for the wide heads.
 
 Layout (channel-major, the layout of the conv that feeds the scan): ``x`` (b, R, h, p, L),
 ``dt`` (b, R, h, L), ``B``, ``C`` (b, R, g, n, L), ``A`` and ``D`` (R, h), where ``R`` indexes
 the directions (index 0 causal, 1 anti-causal; R = 1 or 2) and head ``i`` reads group
 ``i // (h // g)``. The diagonal ``C_i . B_i dt_i + D`` is applied as a per-token scale, so the
-matrices are strictly triangular.
+matrices are strictly triangular. The operands are laid out as the kernels take them (planes
+with contiguous (p, L) planes, contiguous per-token tensors).
 """
 from dataclasses import dataclass
 
@@ -32,13 +40,27 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from . import native_cpu
-from . import ssd_quadratic_heads as heads
-from ..reference import FACTORED_RANGE
-from .ssd_quadratic_heads import cumulative
-from .ssd_triangles import (apply_masked, apply_masked_t, block_bounds, mask_triangles,
-                            masked_outer)
 
-__all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'FACTORED_RANGE']
+__all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'block_bounds',
+           'FACTORED_RANGE']
+
+#: Largest decay range ``|S_first - S_last|`` of a head computed in the factored form (both
+#: factors within ``exp(+-50)``); wider heads are computed per head.
+FACTORED_RANGE = 100.0
+
+#: At most this many token blocks, of at least ``MIN_BLOCK`` tokens (docs/results.md has the
+#: timings); inner block boundaries fall on multiples of ``ALIGN`` (CPU GEMMs run faster on
+#: such widths).
+BLOCKS, MIN_BLOCK, ALIGN = 4, 64, 16
+
+
+def block_bounds(length: int) -> list[int]:
+    """Token boundaries of the blocks: ``BLOCKS`` near-equal blocks with inner boundaries on
+    multiples of ``ALIGN`` (0, 64, 128, 197 at 197 tokens), or one block when that would make
+    them shorter than ``MIN_BLOCK``."""
+    k = max(1, min(BLOCKS, length // MIN_BLOCK))
+    inner = [ALIGN * round(i * length / k / ALIGN) for i in range(1, k)]
+    return [0, *inner, length]
 
 
 @dataclass
@@ -55,7 +77,8 @@ class ScanState:
         diag (Tensor): (b, R, h, L) per-token skip ``D + C_i . B_i dt_i``.
         ys (Tensor): (b, R, g, r p, L) the factored path's ``cb`` product (before the row
             scale) of its scanned values ``xs = x dt col`` (the backward pass recomputes them).
-        y_wide (Tensor | None): (N, p, L) what the N wide heads added to ``y``.
+        y_wide (Tensor | None): (N, p, L) what the N wide heads added to ``y``
+            (:func:`.native_cpu.wide_forward`), None when no head is wide.
     """
     S: Tensor
     row: Tensor
@@ -67,13 +90,15 @@ class ScanState:
     ys: Tensor
     y_wide: Tensor | None = None
 
-    def output(self, x: Tensor, native: bool = False) -> Tensor:
-        """``y`` of :func:`scan_forward` again, from this state and ``x`` (b, R, h, p, L)
-        (``native`` as there)."""
-        y = _output(self.ys.view(x.shape), self.row, x, self.diag, native)
-        if self.y_wide is not None:
-            heads.add_saved(y, self.y_wide, self.wide)
-        return y
+
+def cumulative(a: Tensor) -> Tensor:
+    """Inclusive cumulative sum over tokens (b, R, h, L), in float64; reverse (``S_i =
+    sum_{k >= i} a_k``) for the anti-causal direction ``R = 1``."""
+    a = a.double()
+    S = a.cumsum(-1)
+    if S.shape[1] == 2:
+        S[:, 1] = S[:, 1, :, -1:] - S[:, 1] + a[:, 1]
+    return S
 
 
 def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -87,37 +112,15 @@ def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return S, row, col, wide
 
 
-def _group_products(B: Tensor, C: Tensor, native: bool = False) -> tuple[Tensor, Tensor]:
-    """``C^T B`` per group (b, R, g, L, L) masked to each direction's strict triangle, and its
-    diagonal (b, R, g, L) (``native``: in the native kernel where ``B`` and ``C`` suit it,
-    :func:`.native_cpu.masked_outer`)."""
-    if native and native_cpu.planes_fit(B, C):
-        return native_cpu.masked_outer(C, B, block_bounds(B.shape[-1]), diag=True)
-    cb = torch.matmul(C.transpose(-1, -2), B)
-    cb_diag = cb.diagonal(dim1=-2, dim2=-1).clone()
-    return mask_triangles(cb), cb_diag
-
-
-def _scaled(x: Tensor, s: Tensor, native: bool) -> Tensor:
-    """``x * s.unsqueeze(-2)``: (b, R, h, p, L) times a per-token scale (b, R, h, L); ``native``:
-    in the native kernel where ``x`` suits it."""
-    if native and native_cpu.planes_fit(x):
-        return native_cpu.scale_tokens(x, s)
-    return x * s.unsqueeze(-2)
-
-
-def _output(ys: Tensor, row: Tensor, x: Tensor, diag: Tensor, native: bool) -> Tensor:
-    """``y = ys row + x diag`` from the factored path's product ``ys`` (b, R, h, p, L)."""
-    if native and native_cpu.planes_fit(ys, x):
-        return native_cpu.scan_output(ys, row, x, diag)
-    return (ys * row.unsqueeze(-2)).addcmul_(x, diag.unsqueeze(-2))
-
-
-def _products_fused(native: bool, planes: list[Tensor], flat: list[Tensor]) -> bool:
-    """Whether the factored products run with their element-wise work in one native call
-    (:func:`.native_cpu.products_forward`, :func:`.native_cpu.products_backward`): asked to
-    (``native``) and operands as :func:`.native_cpu.fused_fit` says."""
-    return native and native_cpu.fused_fit(planes, flat)
+def _triangle_product(a: Tensor, cb: Tensor, transpose: bool) -> Tensor:
+    """``a @ cb^T`` (``transpose``) or ``a @ cb`` per direction and group of ``a`` (b, R, g, P, L)
+    and the masked ``cb`` (b, R, g, L, L): with several token blocks in the native kernel
+    (:func:`.native_cpu.column_products`), its zero blocks skipped; with one, PyTorch's batched
+    GEMM, as fast or faster there (docs/results.md)."""
+    bounds = block_bounds(a.shape[-1])
+    if len(bounds) == 2:
+        return torch.matmul(a, cb.mT if transpose else cb)
+    return native_cpu.column_products(a, cb, bounds, transpose, prefix_first=transpose)
 
 
 def _grouped(t: Tensor, groups: int) -> Tensor:
@@ -126,76 +129,52 @@ def _grouped(t: Tensor, groups: int) -> Tensor:
 
 
 def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
-                 native: bool = False,
                  factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
                  ) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
-    state for :func:`scan_backward`; ``native``: the element-wise work around the matrix
-    products and the strongly decaying heads' in the native CPU kernels (:mod:`.native_cpu`);
-    ``factors``: ``S, row, col, wide`` of ``dt`` and ``A`` if already computed (as
-    :func:`.native_cpu.scan_factors` does with ``dt``)."""
+    state for :func:`scan_backward`; ``factors``: ``S, row, col, wide`` of ``dt`` and ``A`` if
+    already computed (as :func:`.native_cpu.scan_factors` does with ``dt``)."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A) if factors is None else factors
-    cb, cb_diag = _group_products(B, C, native)
+    cb, cb_diag = native_cpu.masked_outer(C, B, block_bounds(B.shape[-1]))
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
         diag.add_(D[..., None])
     s = dt * col
     with record_function('bidir_ssd.scan.products'):
-        if _products_fused(native, [x], [s, row, diag, cb]):
-            ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
-            ys = _grouped(ys, g)
-        else:
-            ys = apply_masked(_grouped(_scaled(x, s, native), g), cb, native)
-            y = _output(ys.view(x.shape), row, x, diag, native)
-    y_wide = heads.add_forward(y, x, dt, S, cb, wide, native) if wide.any() else None
-    return y, ScanState(S, row, col, wide, cb, cb_diag, diag, ys, y_wide)
+        ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
+    y_wide = None
+    if wide.any():
+        with record_function('bidir_ssd.scan.wide_heads'):
+            y_wide = native_cpu.wide_forward(x, dt, S, cb, wide, block_bounds(x.shape[-1]), y)
+    return y, ScanState(S, row, col, wide, cb, cb_diag, diag, _grouped(ys, g), y_wide)
 
 
 def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                  st: ScanState, with_D: bool, native: bool = False) -> tuple[Tensor, ...]:
-    """Gradients of :func:`scan_forward` for the output gradient ``dy`` (b, R, h, p, L)
-    (``native`` as there).
+                  st: ScanState, with_D: bool) -> tuple[Tensor, ...]:
+    """Gradients of :func:`scan_forward` for the output gradient ``dy`` (b, R, h, p, L).
 
     Returns:
         tuple: ``dx`` (like x), ``ddt`` (like dt), ``dA`` (R, h), ``dB``, ``dC`` (like B) and
         ``dD`` (R, h) or None.
     """
     g = B.shape[2]
-    s, ys = dt * st.col, st.ys.view(x.shape)
+    s, bounds = dt * st.col, block_bounds(x.shape[-1])
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
-    if _products_fused(native, [x, dy], [ys, s, st.row, st.diag, st.cb]):
-        with record_function('bidir_ssd.scan.products'):
-            dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
-                dy, x, ys, s, st.row, st.diag, st.cb, block_bounds(x.shape[-1]))
-    else:
-        xs = _grouped(_scaled(x, s, native), g)  # the forward pass's scanned values, again
-        dys = _scaled(dy, st.row, native)
-        dys_g = _grouped(dys, g)
-        dxs = apply_masked_t(dys_g, st.cb, native).view(x.shape)
-        dcb = masked_outer(dys_g, xs, native)
-        if native and dxs.is_contiguous() and native_cpu.planes_fit(x, dy, dys, ys):
-            dxs_x, dys_ys, q = native_cpu.scan_backward_pointwise(dxs, x, dy, dys, ys, s,
-                                                                  st.diag)
-            dx = dxs
-        else:
-            scratch = torch.empty_like(dxs)
-            dxs_x, dys_ys = _dot(dxs, x, scratch), _dot(dys, ys, scratch)
-            q = _dot(dy, x, scratch)
-            dx = dxs.mul_(s.unsqueeze(-2)).addcmul_(dy, st.diag.unsqueeze(-2))
+    with record_function('bidir_ssd.scan.products'):
+        dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
+            dy, x, st.ys.view(x.shape), s, st.row, st.diag, st.cb, bounds)
     dS = dys_ys.sub_(dxs_x * s)
     ddt = dxs_x.mul_(st.col)
     ddt += (q.unflatten(2, (g, -1)) * st.cb_diag.unsqueeze(3)).flatten(2, 3)
     dA_wide = None
     if st.wide.any():
-        dA_wide = heads.add_backward(dy, x, dt, st.S, st.cb, st.wide, dx, ddt, dS, dcb,
-                                     native)
+        with record_function('bidir_ssd.scan.wide_heads'):
+            dA_wide = native_cpu.wide_backward(dy, x, dt, st.S, st.cb, st.wide, bounds, dx, ddt,
+                                               dS, dcb)
     dcb_diag = (q * dt).unflatten(2, (g, -1)).sum(3)
-    if native and native_cpu.planes_fit(B, C, dcb):  # dcb's zero blocks skipped
-        dB, dC = apply_masked_t(C, dcb, True), apply_masked(B, dcb, True)
-    else:
-        dB, dC = torch.matmul(C, dcb), torch.matmul(B, dcb.mT)
+    dB, dC = _triangle_product(C, dcb, False), _triangle_product(B, dcb, True)
     dB.addcmul_(C, dcb_diag.unsqueeze(-2))
     dC.addcmul_(B, dcb_diag.unsqueeze(-2))
     da = decay_grad(dS)
@@ -205,12 +184,6 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
         dA += dA_wide
     dD = q.sum((0, 3)) if with_D else None
     return dx, ddt, dA.to(A.dtype), dB, dC, dD
-
-
-def _dot(a: Tensor, b: Tensor, scratch: Tensor) -> Tensor:
-    """Per-head channel sums ``sum_p a * b`` of (b, R, h, p, L) tensors -> (b, R, h, L), the
-    product written into ``scratch`` (faster than ``linalg.vecdot`` and a fresh product)."""
-    return torch.mul(a, b, out=scratch).sum(-2)
 
 
 def decay_grad(dS: Tensor) -> Tensor:
@@ -224,14 +197,10 @@ def decay_grad(dS: Tensor) -> Tensor:
     return out
 
 
-def _channel_major(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                   D: Tensor | None) -> tuple:
-    """Standard SSD layout -> one causal direction of the channel-major layout (copies)."""
-    return (x.permute(0, 2, 3, 1).unsqueeze(1).contiguous(),
-            dt.transpose(1, 2).unsqueeze(1).contiguous(), A.unsqueeze(0),
-            B.permute(0, 2, 3, 1).unsqueeze(1).contiguous(),
-            C.permute(0, 2, 3, 1).unsqueeze(1).contiguous(),
-            None if D is None else D.unsqueeze(0))
+def _channel_major(*ts: Tensor) -> list[Tensor]:
+    """(b, L, h, p) -> one causal direction (b, 1, h, p, L) of the channel-major layout
+    (contiguous copies)."""
+    return [t.permute(0, 2, 3, 1).unsqueeze(1).contiguous() for t in ts]
 
 
 def _token_major(t: Tensor) -> Tensor:
@@ -239,13 +208,19 @@ def _token_major(t: Tensor) -> Tensor:
     return t.squeeze(1).permute(0, 3, 1, 2)
 
 
+def _layout(x, dt, A, B, C, D) -> tuple:
+    """:func:`ssd_scan_quadratic`'s operands in :func:`scan_forward`'s layout."""
+    xc, Bc, Cc = _channel_major(x, B, C)
+    return (xc, dt.transpose(1, 2).unsqueeze(1).contiguous(), A.unsqueeze(0), Bc, Cc,
+            None if D is None else D.unsqueeze(0))
+
+
 class _QuadraticSSD(torch.autograd.Function):
     """Causal SSD scan in the quadratic form; keeps its inputs, recomputes the rest."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D):
-        ctx.native = native_cpu.use_for(x)
-        y = scan_forward(*_channel_major(x, dt, A, B, C, D), ctx.native)[0]
+        y = scan_forward(*_layout(x, dt, A, B, C, D))[0]
         ctx.save_for_backward(x, dt, A, B, C, D)
         return _token_major(y)
 
@@ -253,22 +228,22 @@ class _QuadraticSSD(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, dt, A, B, C, D = ctx.saved_tensors
-        xc, dtc, Ac, Bc, Cc, Dc = _channel_major(x, dt, A, B, C, D)
-        st = scan_forward(xc, dtc, Ac, Bc, Cc, Dc, ctx.native)[1]
-        dyc = dy.permute(0, 2, 3, 1).unsqueeze(1)
-        dx, ddt, dA, dB, dC, dD = scan_backward(dyc, xc, dtc, Ac, Bc, Cc, st, D is not None,
-                                                ctx.native)
+        xc, dtc, Ac, Bc, Cc, Dc = _layout(x, dt, A, B, C, D)
+        st = scan_forward(xc, dtc, Ac, Bc, Cc, Dc)[1]
+        dx, ddt, dA, dB, dC, dD = scan_backward(_channel_major(dy)[0], xc, dtc, Ac, Bc, Cc, st,
+                                                D is not None)
         return (_token_major(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _token_major(dB),
                 _token_major(dC), None if dD is None else dD[0])
 
 
 def ssd_scan_quadratic(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                        D: Tensor | None = None) -> Tensor:
-    """Causal SSD scan by its (L, L) matrices; exact to :func:`ssd_scan_ref` up to rounding.
-    Memory and work grow with ``L^2``: meant for ``L`` up to a few hundred.
+    """Causal SSD scan by its (L, L) matrices in the native CPU kernels; exact to
+    :func:`~mmdinomamba.ops.ssd_scan_ref` up to rounding. Memory and work grow with ``L^2``:
+    meant for ``L`` up to a few hundred.
 
     Args:
-        x (Tensor): (batch, length, heads, headdim).
+        x (Tensor): (batch, length, heads, headdim) CPU tensor.
         dt (Tensor): (batch, length, heads) positive step sizes.
         A (Tensor): (heads,) negative decay rates.
         B (Tensor): (batch, length, groups, state).
@@ -278,7 +253,14 @@ def ssd_scan_quadratic(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     Returns:
         Tensor: (batch, length, heads, headdim) in the dtype of ``x`` (float16 / bfloat16
         inputs are computed in float32).
+
+    Raises:
+        ValueError: no native kernels on this machine
+            (:func:`~mmdinomamba.ops.native_cpu.load_error` says why).
     """
+    if not native_cpu.available():
+        raise ValueError(f'ssd_scan_quadratic: the native CPU kernels are not available '
+                         f'({native_cpu.load_error()})')
     out_dtype = x.dtype
     dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     args = [None if t is None else t.to(dtype) for t in (x, dt, A, B, C, D)]

@@ -16,22 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['ssd_scan_ref', 'ssd_mixing_matrix', 'ssd_decay_matrix', 'check_ssd_shapes',
-           'FACTORED_RANGE', 'exp_decay']
-
-#: Largest decay range ``|s_last - s_first|`` (``s`` a cumulative sum of ``dt A``) that the CPU
-#: kernels compute in a factored form ``exp(s_i - s_j) = exp(s_i - m) exp(m - s_j)``: both
-#: factors within ``exp(+-50)``.
-FACTORED_RANGE = 100.0
-
-
-def exp_decay(t: Tensor) -> Tensor:
-    """``exp`` of decay exponents (``t <= 0``), clamped to ``[-60, 0]``, in place on ``t``.
-
-    Clamping from above maps a masked upper triangle to ``exp(0)`` (masked afterwards); from
-    below it keeps every factor a normal float (subnormal exponentials are 20-200x slower on x86
-    CPUs); the change to any output is below 1e-26 relative.
-    """
-    return t.clamp_(-60.0, 0.0).exp_()
+           'ssd_scan_quadratic_ref']
 
 
 def check_ssd_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -142,3 +127,13 @@ def ssd_mixing_matrix(dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
         raise ValueError(f'heads ({h}) must be a multiple of groups ({g})')
     cb = torch.einsum('bign,bjgn->bgij', C, B).repeat_interleave(h // g, dim=1)  # (b, h, L, L)
     return cb * ssd_decay_matrix(dt, A).to(dt.dtype) * dt.transpose(1, 2)[:, :, None, :]
+
+
+def ssd_scan_quadratic_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Tensor | None = None) -> Tensor:
+    """The SSD scan in its quadratic form, ``y = M x + D x`` with ``M`` of
+    :func:`ssd_mixing_matrix` (the arguments and result of :func:`ssd_scan_ref`; memory grows
+    with ``L^2``)."""
+    check_ssd_shapes(x, dt, A, B, C, D)
+    y = torch.einsum('bhij,bjhp->bihp', ssd_mixing_matrix(dt, A, B, C).to(x.dtype), x)
+    return y if D is None else y + x * D[:, None].to(x.dtype)

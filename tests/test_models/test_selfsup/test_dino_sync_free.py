@@ -22,7 +22,7 @@ IMAGENET = osp.join(ROOT, 'configs/pretrain/dino_dinovim-b-p16_4xb48-100e_in1k.p
 #: backward) and gather those with nonzero; on CUDA the Triton kernels run instead of all of them.
 CPU_ONLY = (('mmdinomamba/ops/cpu/ssd_quadratic.py', 'scan_forward'),
             ('mmdinomamba/ops/cpu/ssd_quadratic.py', 'scan_backward'),
-            ('mmdinomamba/ops/cpu/ssd_quadratic_heads.py', '_subsets'),
+            ('mmdinomamba/ops/cpu/bidir_inner.py', '_store_wide'),
             ('mmdinomamba/ops/cpu/bidir_inner.py', '_load_wide'))
 CHECKED = 1  # iteration 0 warms up (first-call self-checks read values, as before a capture)
 

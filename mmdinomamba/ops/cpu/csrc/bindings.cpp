@@ -4,13 +4,11 @@
 #include "common.h"
 #include "conv.h"
 #include "merge.h"
-#include "wide_heads.h"
 #include "scan_pointwise.h"
 #include "gemm.h"
 #include "wide_fused.h"
 #include "products.h"
 #include "rms_norm.h"
-#include "transpose.h"
 #include "chunk_scan.h"
 #include "recurrent.h"
 
@@ -30,10 +28,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("merge_backward_scan", &merge_backward_scan,
         "merge_backward with y = ys row + x diag (+ the wide heads' parts) of the quadratic "
         "scan's state rebuilt tile by tile instead of read: [dy (b, 2, d, L), dweight (2, d)]");
-  m.def("wide_weights", &wide_weights,
-        "the scan's per-head weights (N, L, L) (or their transposes) of its wide heads");
-  m.def("wide_grads", &wide_grads,
-        "the wide heads' gradients: adds to dcb in place, returns [dS (N, L), pairs (N,)]");
   m.def("wide_forward", &wide_forward,
         "the wide heads' share of the quadratic scan added to y in place; returns it (N, p, L)");
   m.def("wide_backward", &wide_backward,
@@ -49,18 +43,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
         "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range "
         "([dt] alone unless factors)");
-  m.def("scale_tokens", &scale_tokens,
-        "x (b, R, h, p, L) times the per-token s (b, R, h, L), broadcast over p");
-  m.def("scan_output", &scan_output, "ys * row + x * diag (per-token row and diag)");
-  m.def("scan_backward_pointwise", &scan_backward_pointwise,
-        "dxs <- dxs s + dy diag in place; returns the per-token sums over p of dxs x, dys ys, "
-        "dy x");
   m.def("column_products", &column_products,
         "out = a @ m (or a @ m^T) per (sample, direction, group), m zero outside its block "
         "triangle, every block product a task");
   m.def("masked_outer", &masked_outer,
         "out = dy^T @ x per (sample, direction, group) on each direction's strict triangle, "
-        "optionally the full product's diagonal");
+        "and the full product's diagonal into diag");
   m.def("rms_norm_forward", &rms_norm_forward,
         "RMSNorm over the last dimension: [y, rstd (..., 1)] of a contiguous x");
   m.def("rms_norm_backward", &rms_norm_backward,
@@ -76,6 +64,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "of x, dt, A, B, C, D in the layout of ssd_quadratic.py");
   m.def("recurrent_scan_backward", &recurrent_scan_backward,
         "gradients of recurrent_scan_forward for dy: [dx, ddt, dA, dB, dC, dD]");
-  m.def("transpose_into", &transpose_into,
-        "dst (b, m, n) = src (b, n, m) transposed (unit stride in the last dimension of both)");
 }

@@ -63,7 +63,7 @@ struct StatePieces {
   }
 };
 
-// exp of a decay exponent clamped to [-60, 0] (the reference's exp_decay).
+// exp of a decay exponent clamped to [-60, 0] (as the quadratic form clamps its wide heads).
 template <typename T>
 inline T scan_decay(double e) {
   return exp_inline<T>(static_cast<T>(std::min(std::max(e, -60.0), 0.0)));

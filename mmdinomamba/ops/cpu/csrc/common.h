@@ -1,23 +1,19 @@
 // Native CPU kernels of the bidirectional Mamba-2 mixer's fast path (mmdinomamba.ops.native_cpu)
 // and of the blocks' RMSNorm: both directions' depthwise conv + SiLU, and the gated merge (both
 // directions' gated RMSNorms and their average), forward and backward; in the SSD scan's
-// quadratic form, the strongly decaying heads' (L, L) weights and their gradients, the
-// element-wise work around its matrix products and those products themselves, block by block
-// in parallel; the transposed copies between the token-major projections and the channel-major
-// layout of all of these; the chunked SSD scan, forward and backward. The PyTorch compositions
-// they replace (shift_conv.py, bidir_inner.merge_forward / merge_backward,
-// ssd_quadratic_heads.py, ssd_quadratic.py, ssd_triangles.py, torch.nn.functional.rms_norm,
-// Tensor.copy_ of a transposed view, ssd_chunked.py and ssd_chunked_bwd.py) are the
-// specification.
+// quadratic form, the strongly decaying heads, the element-wise work around its matrix products
+// and those products themselves, block by block in parallel; the recurrence of small heads; the
+// chunked SSD scan, forward and backward. The reference (mmdinomamba/ops/reference:
+// bidir_mixer_ref, ssd_scan_ref, ssd_mixing_matrix, the chunked scan;
+// torch.nn.functional.rms_norm) is the specification.
 //
-// Conv layout (that of shift_conv.py): a zero-padded input xp (L + 2 (K - 1) tokens), filters
+// Conv layout: a zero-padded input xp (L + 2 (K - 1) tokens), filters
 // (2, C, K), bias (2, C); direction 0 (causal) reads xp[t + k] with tap k, direction 1 (the conv
 // of the flipped sequence, read in the original order) reads xp[t + 2 (K - 1) - k]. The kernels
 // read the token-major projection (b, L, C) and work token-major, a block of 16 channels as one
 // vector, building the block's xp in cache; only the channel-major output (b, 2, C, L) and its
 // gradient are transposed. The backward pass recomputes the pre-activations instead of reading
-// them. The merge reads its gate and writes its output token-major too, so between the
-// projections only the merge without RMSNorm still copies whole tensors across layouts.
+// them. The merge reads its gate and writes its output token-major too.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -69,8 +65,8 @@ using Buffer = std::vector<T, CacheLineAllocator<T>>;
 
 // ---------------------------------------------------------------------------------------------
 // Tile transposes between the token-major projections (b, L, C) and the channel-major layout
-// of these kernels (b, C, L): dst[b, i, j] = src[b, j, i], for the copies (transpose_into, at
-// the end) and inside the merge. PyTorch's strided copy reads or
+// of these kernels (b, C, L): dst[b, i, j] = src[b, j, i], inside the conv, the merge and the
+// recurrence. PyTorch's strided copy reads or
 // writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
 // loaded row by row, transposed in registers and stored row by row. Edge tiles and doubles go
 // element by element (inside a tile, so both sides still stay in cache).

@@ -5,7 +5,7 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The quadratic scan's (L, L) matrix products (ssd_triangles.py) in one call each: every
+// The quadratic scan's (L, L) matrix products (ssd_quadratic.py) in one call each: every
 // (sample, direction, group, token block) product is a task, the tasks run in parallel and each
 // is one single-threaded GEMM on strided views that writes straight into the result: no
 // transposed copy of a matrix (the GEMM reads it transposed), no per-block temporary copied into
@@ -179,20 +179,17 @@ void zero_off_triangle(T* rows, int64_t ld, int64_t i0, int64_t i1, int64_t leng
 }
 
 // out = dy^T @ x per (b, r, g) (dy, x (b, R, g, P, L); out (b, R, g, L, L)) on direction 0's
-// strict lower and direction 1's strict upper triangle (the other way round unless
-// `first_lower`), zero elsewhere: row block i computes only the columns of its blocks that
-// reach the triangle, then zeroes the rest of its rows. `diag` (b, R, g, L), if defined,
-// receives the diagonal of the full product.
+// strict lower and direction 1's strict upper triangle, zero elsewhere: row block i computes
+// only the columns of its blocks that reach the triangle, then zeroes the rest of its rows.
+// diag (b, R, g, L) receives the diagonal of the full product.
 void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
-                  const std::vector<int64_t>& bounds_in, std::optional<at::Tensor> diag,
-                  bool first_lower) {
+                  const std::vector<int64_t>& bounds_in, at::Tensor& diag) {
   check_first_operand(dy);
   const int64_t length = dy.size(4);
   check_stack(x, dy, dy.size(3), length, "the second operand");
   check_stack(out, dy, length, length, "the output");
-  TORCH_CHECK(!diag || (diag->is_contiguous() && diag->scalar_type() == dy.scalar_type() &&
-                        diag->sizes() == at::IntArrayRef({dy.size(0), dy.size(1), dy.size(2),
-                                                          length})),
+  TORCH_CHECK(diag.is_contiguous() && diag.scalar_type() == dy.scalar_type() &&
+                  diag.sizes() == at::IntArrayRef({dy.size(0), dy.size(1), dy.size(2), length}),
               "native products: diag must be a contiguous (b, R, g, L) tensor of the operands' "
               "dtype");
   const auto bounds = checked_bounds(bounds_in, length);
@@ -200,20 +197,19 @@ void masked_outer(const at::Tensor& dy, const at::Tensor& x, at::Tensor& out,
   AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "masked_outer", [&] {
     const Stack<const scalar_t> d(dy), v(x);
     const Stack<scalar_t> o(out);
-    scalar_t* dg = diag ? diag->data_ptr<scalar_t>() : nullptr;
+    scalar_t* dg = diag.data_ptr<scalar_t>();
     const int64_t units = dy.size(0) * d.dirs * d.groups;
     at::parallel_for(0, units * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t i = task % blocks, u = task / blocks;
         const int64_t g = u % d.groups, r = (u / d.groups) % d.dirs, b = u / (d.groups * d.dirs);
         const int64_t i0 = bounds[i], i1 = bounds[i + 1];
-        const bool lower = (r == 0) == first_lower;
+        const bool lower = r == 0;
         const int64_t c0 = lower ? 0 : i0, c1 = lower ? i1 : length;
         scalar_t* rows = o.plane(b, r, g) + i0 * o.ld;
         gemm<scalar_t>(true, false, i1 - i0, c1 - c0, d.rows, d.plane(b, r, g) + i0, d.ld,
                        v.plane(b, r, g) + c0, v.ld, rows + c0, o.ld);
-        if (dg != nullptr)
-          for (int64_t t = i0; t < i1; ++t) dg[u * length + t] = rows[(t - i0) * o.ld + t];
+        for (int64_t t = i0; t < i1; ++t) dg[u * length + t] = rows[(t - i0) * o.ld + t];
         zero_off_triangle(rows, o.ld, i0, i1, length, lower);
       }
     });

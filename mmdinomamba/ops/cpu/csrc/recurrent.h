@@ -5,7 +5,7 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The SSD scan by its recurrence, for heads of 16 channels with 16 states (ssd_recurrent.py):
+// The SSD scan by its recurrence, for heads of 16 channels with 16 states (bidir_inner.py):
 //   h_t = a_t h_{t-1} + B_t (dt_t x_t)^T,   y_t = C_t^T h_t + D x_t,   a_t = exp(dt_t A).
 // A head's state (N x P values) lives in N vectors of P lanes (its channels): 16 registers of
 // 16 floats with AVX-512, so a token costs 2 N vector FMAs and no (L, L) matrix is built. For

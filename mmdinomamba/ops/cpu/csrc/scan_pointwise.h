@@ -137,15 +137,6 @@ void scale_plane(const T* in, const T* s, int64_t channels, int64_t length, T* o
   }
 }
 
-template <typename T>
-void scale_tokens_kernel(const T* x, const Planes& px, const T* s, T* out) {
-  const int64_t L = px.length, plane = px.channels * L;
-  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      scale_plane(x + px.offset(n), s + n * L, px.channels, L, out + n * plane);
-  });
-}
-
 // y = ys row + x diag over n tokens of a plane's channels: the rows of ys and x ld apart, those
 // of the output ldo apart.
 template <typename T>
@@ -163,17 +154,6 @@ template <typename T>
 void output_plane(const T* yn, const T* rn, const T* xn, const T* dn, int64_t channels,
                   int64_t L, T* on) {
   output_rows(yn, rn, xn, dn, channels, L, L, on, L);
-}
-
-template <typename T>
-void scan_output_kernel(const T* ys, const Planes& pys, const T* row, const T* x,
-                        const Planes& px, const T* diag, T* out) {
-  const int64_t L = px.length, plane = px.channels * L;
-  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      output_plane(ys + pys.offset(n), row + n * L, x + px.offset(n), diag + n * L, px.channels,
-                   L, out + n * plane);
-  });
 }
 
 // One plane of dx = dxs s + dy diag written over dxs (gn); per token: a = sum_p dxs x,
@@ -198,54 +178,11 @@ void backward_pointwise_plane(T* gn, const T* xn, const T* dyn, const T* dysn, c
   }
 }
 
-template <typename T>
-void scan_backward_pointwise_kernel(T* dxs, const T* x, const Planes& px, const T* dy,
-                                    const Planes& pdy, const T* dys, const Planes& pdys,
-                                    const T* ys, const Planes& pys, const T* s, const T* diag,
-                                    T* dxs_x, T* dys_ys, T* dy_x) {
-  const int64_t L = px.length, plane = px.channels * L;
-  at::parallel_for(0, px.units(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      backward_pointwise_plane(dxs + n * plane, x + px.offset(n), dy + pdy.offset(n),
-                               dys + pdys.offset(n), ys + pys.offset(n), s + n * L, diag + n * L,
-                               px.channels, L, dxs_x + n * L, dys_ys + n * L, dy_x + n * L);
-  });
-}
-
-at::Tensor scale_tokens(const at::Tensor& x, const at::Tensor& s) {
-  check_planes(x, x, "x");
-  check_tokens(s, x, "s");
-  auto out = at::empty(x.sizes(), x.options());
-  const Planes px(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scale_tokens", [&] {
-    scale_tokens_kernel<scalar_t>(x.data_ptr<scalar_t>(), px, s.data_ptr<scalar_t>(),
-                                  out.data_ptr<scalar_t>());
-  });
-  return out;
-}
-
-at::Tensor scan_output(const at::Tensor& ys, const at::Tensor& row, const at::Tensor& x,
-                       const at::Tensor& diag) {
-  check_planes(x, x, "x");
-  check_planes(ys, x, "ys");
-  check_tokens(row, x, "row");
-  check_tokens(diag, x, "diag");
-  auto out = at::empty(x.sizes(), x.options());
-  const Planes px(x), pys(ys);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_output", [&] {
-    scan_output_kernel<scalar_t>(ys.data_ptr<scalar_t>(), pys, row.data_ptr<scalar_t>(),
-                                 x.data_ptr<scalar_t>(), px, diag.data_ptr<scalar_t>(),
-                                 out.data_ptr<scalar_t>());
-  });
-  return out;
-}
-
-// The merge's y rebuilt tile by tile from the quadratic scan's state, the values scan_output
-// and then the wide heads' parts (ScanState.output in ssd_quadratic.py) give: y = ys row +
-// x diag, plus its part for a wide head, channel-major in the thread's (d, merge_tokens(d))
-// work buffer, then transposed into the merge's token-major scratch. merge_backward_scan thus
-// reads ys and x where merge_backward reads the y that scan_output wrote: y is neither written
-// nor read again (DinoVim-T: 6.4 MB a layer each way).
+// The merge's y rebuilt tile by tile from the quadratic scan's state: y = ys row + x diag, plus
+// its part for a wide head (wide_forward's parts), channel-major in the thread's
+// (d, merge_tokens(d)) work buffer, then transposed into the merge's token-major scratch.
+// merge_backward_scan thus reads ys and x where merge_backward would read y: y is neither
+// written nor read again (DinoVim-T: 6.4 MB a layer each way).
 template <typename T>
 struct ScanOutputInput {
   const T *ys, *row, *x, *diag, *parts;
@@ -264,7 +201,7 @@ struct ScanOutputInput {
         const T* xn = x + px.offset(plane) + t0;
         T* on = work + h * p * mt;
         output_rows(yn, rn, xn, dn, p, n, L, on, mt);
-        if (part[plane] >= 0) {  // the wide head's part, added as ScanState.output adds it
+        if (part[plane] >= 0) {  // the wide head's part, as wide_forward added it to y
           const T* pn = parts + part[plane] * p * L + t0;
           for (int64_t c = 0; c < p; ++c) {
 #pragma omp simd
@@ -324,33 +261,6 @@ std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tens
                                   pys, px, part.data(), d, length};
       },
       z, weight, groups, eps, dz, out, batch, d, length);
-}
-
-std::vector<at::Tensor> scan_backward_pointwise(at::Tensor& dxs, const at::Tensor& x,
-                                                const at::Tensor& dy, const at::Tensor& dys,
-                                                const at::Tensor& ys, const at::Tensor& s,
-                                                const at::Tensor& diag) {
-  check_planes(x, x, "x");
-  check_planes(dy, x, "dy");
-  check_planes(dys, x, "dys");
-  check_planes(ys, x, "ys");
-  TORCH_CHECK(dxs.sizes() == x.sizes() && dxs.is_contiguous() &&
-                  dxs.scalar_type() == x.scalar_type(),
-              "native scan: dxs must be a contiguous tensor like x");
-  check_tokens(s, x, "s");
-  check_tokens(diag, x, "diag");
-  const std::vector<int64_t> tokens{x.size(0), x.size(1), x.size(2), x.size(4)};
-  auto dxs_x = at::empty(tokens, x.options()), dys_ys = at::empty(tokens, x.options());
-  auto dy_x = at::empty(tokens, x.options());
-  const Planes px(x), pdy(dy), pdys(dys), pys(ys);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_backward_pointwise", [&] {
-    scan_backward_pointwise_kernel<scalar_t>(
-        dxs.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), px, dy.data_ptr<scalar_t>(), pdy,
-        dys.data_ptr<scalar_t>(), pdys, ys.data_ptr<scalar_t>(), pys, s.data_ptr<scalar_t>(),
-        diag.data_ptr<scalar_t>(), dxs_x.data_ptr<scalar_t>(), dys_ys.data_ptr<scalar_t>(),
-        dy_x.data_ptr<scalar_t>());
-  });
-  return {dxs_x, dys_ys, dy_x};
 }
 
 }  // namespace

@@ -5,24 +5,92 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The strongly decaying heads of the quadratic form in one call each way
-// (ssd_quadratic_heads.add_forward / add_backward): every wide (sample, direction, head) reads
-// its planes of the full (b, R, h, ...) tensors and adds its share to them in place, with its
-// scaled values, weights and products in buffers of its own task (a few hundred KB, in cache),
-// instead of gathering the heads' planes into new tensors, building their (N, L, L) weights and
-// scattering the results back, one PyTorch operation and one pass over memory at a time. The
-// values are those of the composition in ssd_quadratic_heads.py (S split into hi + lo, the
-// weights of head_weights, the products per token block of the triangle, ssd_triangles.py's
-// bounds, the gradients of head_grads) but for the factors at the floor, exp(-60) there and zero
-// here (decay_or_zero): the parts of a block's products where all of them sit there (wide_band)
-// are skipped. Either changes results by less than 1e-26 relative.
+// The (sample, direction, head) triples with |S_first - S_last| > FACTORED_RANGE (strong decay,
+// "wide" heads; ssd_quadratic.py) cannot factor their decay into per-token scales; their
+// matrices W_ij = exp(clamp(hi_i - hi_j, -60, 0)) (C_i . B_j) on the strict triangle are built
+// per head. S is summed in float64 and split into hi + lo (hi its rounding to T): hi_i - hi_j is
+// exact near the diagonal, where it matters, and the small remainders enter as scales exp(lo_i)
+// of y and exp(-lo_j) of x, so long strongly decaying sequences keep float32 accuracy. Clamping
+// the exponents at -60 keeps every factor a normal float (subnormal exponentials are 20-200x
+// slower on x86). dA is summed pair by pair (sum_ij G_ij (T_i - T_j), T the cumulative dt),
+// because sum_i T_i dS_i would cancel terms far larger than the result.
+// Every wide head reads its planes of the full (b, R, h, ...) tensors and adds its share to them
+// in place, with its scaled values, weights and products in buffers of its own task (a few
+// hundred KB, in cache). The factors at the floor are taken as zero (decay_or_zero) and the parts
+// of a token block's products where all of them sit there (wide_band) are skipped: less than
+// 1e-26 relative, as is the clamp itself.
+
+// The decay factor, zero instead of exp(-60) at the floor.
+template <typename T>
+inline T decay_or_zero(T d) {
+  return d <= T(-60) ? T(0) : exp_inline(std::min(d, T(0)));
+}
+
+// The columns j of row i inside direction dir's strict triangle: [*j0, *j1).
+inline void triangle_row(int64_t dir, int64_t i, int64_t length, int64_t* j0, int64_t* j1) {
+  *j0 = dir == 0 ? 0 : i + 1;
+  *j1 = dir == 0 ? i : length;
+}
+
+// One head's weights into w (L x L): per row i, the factors of decay_or_zero times its (L, L)
+// group matrix cb on the columns [lo[i], hi[i]) (wide_band), zero elsewhere.
+template <typename T>
+void head_weights(const T* h, const T* cb, int64_t length, T* w, const int64_t* lo,
+                  const int64_t* hi) {
+  std::fill(w, w + length * length, T(0));
+  for (int64_t i = 0; i < length; ++i) {
+    T* wr = w + i * length;
+    const T* cr = cb + i * length;
+    const T hi_i = h[i];
+#pragma omp simd
+    for (int64_t j = lo[i]; j < hi[i]; ++j) wr[j] = decay_or_zero(hi_i - h[j]) * cr[j];
+  }
+}
+
+// One head's gradients from g = dL/dW (L x L; the columns [lo[i], hi[i]) of row i read): adds
+// E * g (E the decay factors) to its group matrix's gradient dcb, and with G = g * W writes
+// ds[i] = sum_j G_ij - sum_j G_ji and returns sum_ij G_ij (t_i - t_j); col a scratch of L.
+template <typename T>
+double head_grads(const T* g, const T* h, const T* tn, const T* cb, T* dcb, T* ds, T* col,
+                  int64_t length, const int64_t* lo, const int64_t* hi) {
+  std::fill(col, col + length, T(0));
+  double pair = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    const T* gr = g + i * length;
+    const T* cr = cb + i * length;
+    T* dr = dcb + i * length;
+    const T hi_i = h[i], t_i = tn[i];
+    T row = 0, p = 0;
+#pragma omp simd reduction(+ : row, p)
+    for (int64_t j = lo[i]; j < hi[i]; ++j) {
+      const T edw = decay_or_zero(hi_i - h[j]) * gr[j];
+      dr[j] += edw;
+      const T gij = edw * cr[j];
+      row += gij;
+      col[j] += gij;
+      p += gij * (t_i - tn[j]);
+    }
+    ds[i] = row;
+    pair += static_cast<double>(p);
+  }
+  for (int64_t j = 0; j < length; ++j) ds[j] -= col[j];
+  return pair;
+}
+
+// The runs of consecutive equal entries of a sorted index: their starts, then the end.
+std::vector<int64_t> index_runs(const int64_t* index, int64_t n) {
+  std::vector<int64_t> runs;
+  for (int64_t i = 0; i < n; ++i)
+    if (i == 0 || index[i] != index[i - 1]) runs.push_back(i);
+  runs.push_back(n);
+  return runs;
+}
 
 struct WideHead {
   int64_t dir, plane, mat;  // direction, (b, r, h) plane index, (b, r, g) matrix index
 };
 
-// The wide heads in the order of ssd_quadratic_heads._subsets: by direction, then sample, then
-// head.
+// The wide heads by direction, then sample, then head (the order of their parts).
 std::vector<WideHead> wide_list(const at::Tensor& wide, int64_t groups) {
   const int64_t batch = wide.size(0), dirs = wide.size(1), heads = wide.size(2);
   const bool* w = wide.data_ptr<bool>();
@@ -97,7 +165,7 @@ void wide_forward_kernel(const T* x, const Planes& px, const T* dt, const double
       wide_scales(S + hd.plane * L, dt + hd.plane * L, L, hi.data(), el.data(), scale.data());
       wide_band(hi.data(), L, hd.dir, bounds, clo, chi, rlo, rhi, lo, up);
       scale_plane(x + px.offset(hd.plane), scale.data(), p, L, xs.data());
-      head_weights<true>(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data(), lo, up);
+      head_weights(hi.data(), cb + hd.mat * area, L, w.data(), lo, up);
       for (int64_t j = 0; j < blocks; ++j) {  // ys[:, block j] = xs[:, k0:k1] @ W[block j, k0:k1]^T
         const int64_t j0 = bounds[j], j1 = bounds[j + 1], k0 = clo[j], k1 = chi[j];
         if (k1 > k0)
@@ -121,7 +189,7 @@ void wide_forward_kernel(const T* x, const Planes& px, const T* dt, const double
 }
 
 // Cumulative dt of one head in float64 (inclusive; reverse for direction 1, as total - cumsum +
-// dt, the way ssd_quadratic_heads.cumulative writes it), split into t_hi + t_lo.
+// dt, as ssd_quadratic.cumulative writes it), split into t_hi + t_lo.
 template <typename T>
 void wide_times(const T* dt, int64_t length, int64_t dir, double* work, T* t_hi, T* t_lo) {
   double run = 0;
@@ -159,7 +227,7 @@ void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Plan
         wide_band(hi.data(), L, hd.dir, bounds, clo, chi, rlo, rhi, lo, up);
         scale_plane(xn, scale.data(), p, L, xs.data());
         scale_plane(dy + pdy.offset(hd.plane), el.data(), p, L, dys.data());
-        head_weights<true>(hi.data(), cb + hd.mat * area, L, hd.dir, false, w.data(), lo, up);
+        head_weights(hi.data(), cb + hd.mat * area, L, w.data(), lo, up);
         for (int64_t j = 0; j < blocks; ++j) {
           const int64_t j0 = bounds[j], j1 = bounds[j + 1];
           // dxs[:, block j] = dys[:, k0:k1] @ W[k0:k1, block j] (the rows of its band)
@@ -188,9 +256,8 @@ void wide_backward_kernel(const T* dy, const Planes& pdy, const T* x, const Plan
         }
         for (int64_t l = 0; l < L; ++l) ddtn[l] += ds[l] / el[l];
         wide_times(dtn, L, hd.dir, work.data(), t_hi.data(), t_lo.data());
-        double pair = head_grads<true>(dw.data(), hi.data(), t_hi.data(), cb + hd.mat * area,
-                                       dcb + hd.mat * area, ds.data(), col.data(), L, hd.dir,
-                                       lo, up);
+        double pair = head_grads(dw.data(), hi.data(), t_hi.data(), cb + hd.mat * area,
+                                 dcb + hd.mat * area, ds.data(), col.data(), L, lo, up);
         T* dSn = dS + hd.plane * L;
         for (int64_t l = 0; l < L; ++l) {
           dSn[l] += ds[l];
