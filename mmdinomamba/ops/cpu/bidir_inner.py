@@ -228,6 +228,10 @@ def backward(dres: Tensor, proj: Tensor, params: list, out_weight: Tensor | None
             dw_out, db_out]
 
 
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """Small forward and backward passes (conv, quadratic scan with factored and strongly
@@ -254,8 +258,11 @@ def _native_self_check() -> str | None:
                   torch.randn(2, h, generator=gen, dtype=torch.float64),
                   1 + torch.randn(2, dims.d_inner, generator=gen, dtype=torch.float64)]
         dout = torch.randn(b, length, dims.d_inner, generator=gen, dtype=torch.float64)
-        # the first call may come from inside autocast or no_grad: float throughout
-        with torch.enable_grad(), torch.autocast('cpu', enabled=False):
+        # the first call may come from inside autocast, no_grad, inference mode or an
+        # activation checkpoint (identity hooks keep the check's graph away from its hooks)
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
+                'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(
+                    _identity, _identity):
             leaves = [t.clone().requires_grad_() for t in (proj, *params)]
             out = bidir_mixer_ref(*leaves, dims, ssd_scan_quadratic_ref)
             want = [out.detach(), *torch.autograd.grad(out, leaves, dout)]
