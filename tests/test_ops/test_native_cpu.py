@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mmdinomamba.models.mixers import BiSSD
 from mmdinomamba.ops import reference_ops, switch
 from mmdinomamba.ops.cpu import native_cpu
+from mmdinomamba.ops.cpu.native_cpu import kernels
 from mmdinomamba.ops.reference import bidir_causal_conv1d_ref, bidir_gated_merge_ref
 
 
@@ -41,8 +42,21 @@ def _composition(x, w, b, dact):
 
 def _native_conv(x, w, b, dact):
     dx = torch.full(x.shape, float('nan'), dtype=x.dtype)
-    dw, db = native_cpu.conv_silu_backward(dact, x, w, b, dx)
-    return [native_cpu.conv_silu_forward(x, w, b), dx, dw, db]
+    dw, *db = kernels().conv_silu_backward([dact], x, w, b, dx)
+    return [kernels().conv_silu_forward(x, w, b), dx, dw, *(db or [None])]
+
+
+def _column_products(a, m, bounds, transpose, prefix_first):
+    out = a.new_empty(a.shape)
+    kernels().column_products(a, m, out, bounds, transpose, prefix_first)
+    return out
+
+
+def _masked_outer(dy, x, bounds):
+    out = dy.new_empty(*dy.shape[:3], dy.shape[-1], dy.shape[-1])
+    diag = dy.new_empty(*dy.shape[:3], dy.shape[-1])
+    kernels().masked_outer(dy, x, out, bounds, diag)
+    return out, diag
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 2e-6)])
@@ -74,7 +88,7 @@ def test_conv_reads_its_output_gradient_in_channel_parts(sizes):
     parts[-1] = parts[-1].transpose(0, 1).contiguous().transpose(0, 1)
     want = _native_conv(x, w, b, dact)
     dx = torch.full(x.shape, float('nan'))
-    got = [dx, *native_cpu.conv_silu_backward(parts, x, w, b, dx)]
+    got = [dx, *kernels().conv_silu_backward(parts, x, w, b, dx)]
     for g, r in zip(got, want[1:]):
         torch.testing.assert_close(g, r, rtol=0, atol=0)
 
@@ -84,7 +98,7 @@ def test_conv_writes_its_input_gradient_into_a_view():
     x, w, b = torch.randn(2, 33, 40), torch.randn(2, 40, 4), torch.randn(2, 40)
     dact = torch.randn(2, 2, 40, 33)
     grad = torch.zeros(2, 33, 60)
-    native_cpu.conv_silu_backward(dact, x, w, b, grad[..., 7:47])
+    kernels().conv_silu_backward([dact], x, w, b, grad[..., 7:47])
     torch.testing.assert_close(grad[..., 7:47], _composition(x, w, b, dact)[1], rtol=1e-5,
                                atol=1e-5)
     assert (grad[..., :7] == 0).all() and (grad[..., 47:] == 0).all()
@@ -105,20 +119,20 @@ def test_saturated_activations_stay_finite():
 def test_bad_input_is_named():
     x = torch.randn(2, 9, 4)
     with pytest.raises(RuntimeError, match='weight must be a contiguous \\(2, C, K\\)'):
-        native_cpu.conv_silu_forward(x, torch.randn(2, 5, 4), None)
+        kernels().conv_silu_forward(x, torch.randn(2, 5, 4), None)
     with pytest.raises(RuntimeError, match='x must be a \\(b, L, C\\)'):
-        native_cpu.conv_silu_forward(x.transpose(1, 2), torch.randn(2, 9, 4), None)
+        kernels().conv_silu_forward(x.transpose(1, 2), torch.randn(2, 9, 4), None)
     with pytest.raises(RuntimeError, match='kernel sizes 2-4 only, got 5'):
-        native_cpu.conv_silu_forward(x, torch.randn(2, 4, 5), None)
+        kernels().conv_silu_forward(x, torch.randn(2, 4, 5), None)
     with pytest.raises(RuntimeError, match='each part of dact must be \\(b, 2, C_i, L\\)'):
-        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 10), x, torch.randn(2, 4, 4), None,
-                                      torch.empty(2, 9, 4))
+        kernels().conv_silu_backward([torch.randn(2, 2, 4, 10)], x, torch.randn(2, 4, 4), None,
+                                     torch.empty(2, 9, 4))
     with pytest.raises(RuntimeError, match='the parts of dact cover 3 channels, x has 4'):
-        native_cpu.conv_silu_backward([torch.randn(2, 2, 1, 9), torch.randn(2, 2, 2, 9)], x,
-                                      torch.randn(2, 4, 4), None, torch.empty(2, 9, 4))
+        kernels().conv_silu_backward([torch.randn(2, 2, 1, 9), torch.randn(2, 2, 2, 9)], x,
+                                     torch.randn(2, 4, 4), None, torch.empty(2, 9, 4))
     with pytest.raises(RuntimeError, match='dx must be a \\(b, L, C\\)'):
-        native_cpu.conv_silu_backward(torch.randn(2, 2, 4, 9), x, torch.randn(2, 4, 4), None,
-                                      torch.empty(2, 4, 9))
+        kernels().conv_silu_backward([torch.randn(2, 2, 4, 9)], x, torch.randn(2, 4, 4), None,
+                                     torch.empty(2, 4, 9))
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-6)])
@@ -132,7 +146,7 @@ def test_scan_factors_equal_the_composition(dtype, tol):
     bias = torch.randn(2, 5, generator=gen, dtype=dtype)
     A = -torch.rand(2, 5, generator=gen, dtype=dtype) * 2
     A[:, 0] = -50.
-    got = native_cpu.scan_factors(raw, bias, A, FACTORED_RANGE)
+    got = kernels().scan_factors(raw, bias, A, FACTORED_RANGE, True)
     dt = F.softplus(raw.transpose(1, 2).unsqueeze(1) + bias[..., None])
     want = [dt, *_factors(dt, A)]
     assert got[4][:, :, 0].all() and not got[4].all()  # both kinds of heads
@@ -145,9 +159,9 @@ def test_scan_factors_equal_the_composition(dtype, tol):
 def test_scan_factors_bad_input_is_named():
     raw, p = torch.randn(2, 9, 4), torch.randn(2, 4)
     with pytest.raises(RuntimeError, match='raw must be a \\(b, L, C\\)'):
-        native_cpu.scan_factors(raw.transpose(1, 2), p, p, 100.)
+        kernels().scan_factors(raw.transpose(1, 2), p, p, 100., True)
     with pytest.raises(RuntimeError, match='dt_bias and A must be contiguous \\(2, h\\)'):
-        native_cpu.scan_factors(raw, torch.randn(2, 5), p, 100.)
+        kernels().scan_factors(raw, torch.randn(2, 5), p, 100., True)
 
 
 def _merge_reference(y, z, w, dm, groups):
@@ -164,8 +178,8 @@ def _merge_both(y, z, w, dm, groups):
     """Output, dy, dz, dweight and the output as the backward pass rebuilds it, of the native
     merge, and the reference's (its output again in the last place)."""
     out, dz, again = (torch.full(dm.shape, float('nan'), dtype=y.dtype) for _ in range(3))
-    native_cpu.merge_forward(y, z, w, groups, 1e-5, out)
-    dy, dweight = native_cpu.merge_backward(dm, y, z, w, groups, 1e-5, dz, again)
+    kernels().merge_forward(y, z, w, groups, 1e-5, out)
+    dy, dweight = kernels().merge_backward(dm, y, z, w, groups, 1e-5, dz, again)
     want = _merge_reference(y, z, w, dm, groups)
     return [out, dy, dz, dweight, again], [want[0], want[1], want[2], want[3], want[0]]
 
@@ -192,12 +206,12 @@ def test_merge_writes_into_views_of_the_projections():
     y, z = torch.randn(2, 2, 32, 70), torch.randn(2, 70, 32)
     w, dm = torch.randn(2, 32), torch.randn(2, 70, 32)
     buf = torch.zeros(2, 70, 50)
-    native_cpu.merge_forward(y, z, w, 1, 1e-5, buf[..., 10:42])
+    kernels().merge_forward(y, z, w, 1, 1e-5, buf[..., 10:42])
     want = _merge_reference(y, z, w, dm, 1)[0]
     torch.testing.assert_close(buf[..., 10:42], want, rtol=1e-5, atol=1e-5)
     assert (buf[..., :10] == 0).all() and (buf[..., 42:] == 0).all()
     grad, again = torch.zeros(2, 70, 50), torch.zeros(2, 70, 40)
-    native_cpu.merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35], again[..., 4:36])
+    kernels().merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35], again[..., 4:36])
     assert (grad[..., :3] == 0).all() and (grad[..., 35:] == 0).all()
     torch.testing.assert_close(again[..., 4:36], want, rtol=1e-5, atol=1e-5)
     assert (again[..., :4] == 0).all() and (again[..., 36:] == 0).all()
@@ -217,18 +231,18 @@ def test_merge_bad_input_is_named():
     y, z, w = torch.randn(2, 2, 8, 5), torch.randn(2, 5, 8), torch.randn(2, 8)
     out = torch.empty(2, 5, 8)
     with pytest.raises(RuntimeError, match='3 groups do not divide d = 8'):
-        native_cpu.merge_forward(y, z, w, 3, 1e-5, out)
+        kernels().merge_forward(y, z, w, 3, 1e-5, out)
     with pytest.raises(RuntimeError, match=r'z must be a \(b, L, C\) = \(2, 5, 8\)'):
-        native_cpu.merge_forward(y, z.transpose(1, 2).contiguous(), w, 1, 1e-5, out)
+        kernels().merge_forward(y, z.transpose(1, 2).contiguous(), w, 1, 1e-5, out)
     with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\)'):
-        native_cpu.merge_forward(y, z, w, 1, 1e-5, out.transpose(1, 2).contiguous())
+        kernels().merge_forward(y, z, w, 1, 1e-5, out.transpose(1, 2).contiguous())
     with pytest.raises(RuntimeError, match=r'dm must be a \(b, L, C\)'):
-        native_cpu.merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out)
+        kernels().merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out, None)
     with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, C\)'):
-        native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2])
+        kernels().merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2], None)
     with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\) = \(2, 5, 8\)'):
-        native_cpu.merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out,
-                                  torch.empty(2, 5, 7))
+        kernels().merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out,
+                                 torch.empty(2, 5, 7))
 
 
 def _scan_output_operands(dtype, gen, shape=(3, 2, 4, 5, 70)):
@@ -260,19 +274,19 @@ def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, gro
     y = _scan_output(ys, row, x, diag)
     y.transpose(0, 1)[wide.transpose(0, 1)] += parts  # by direction, then sample, then head
     dz, out = torch.empty_like(dm), torch.empty_like(dm)
-    want = [*native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz,
+    want = [*kernels().merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz,
             out]
     dz2, out2 = torch.full_like(dm, float('nan')), torch.full_like(dm, float('nan'))
-    got = [*native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, groups,
-                                           1e-5, dz2, out2), dz2, out2]
+    got = [*kernels().merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, groups,
+                                          1e-5, dz2, out2), dz2, out2]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol * w.abs().max().item())
     # no wide head: no parts needed
     none = torch.zeros_like(wide)
     y = _scan_output(ys, row, x, diag)
-    want = native_cpu.merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz)[0]
-    got = native_cpu.merge_backward_scan(dm, ys, row, x, diag, none, None, z, nw, groups, 1e-5,
-                                         dz2)[0]
+    want = kernels().merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, None)[0]
+    got = kernels().merge_backward_scan(dm, ys, row, x, diag, none, None, z, nw, groups, 1e-5,
+                                        dz2, None)[0]
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
 
 
@@ -282,31 +296,33 @@ def test_merge_backward_of_the_scan_state_bad_input_is_named():
     dz = torch.empty_like(dm)
     with pytest.raises(RuntimeError,
                        match=r'parts must be a contiguous \(5, 5, 70\) CPU tensor'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts[1:], z, nw, 1, 1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide, parts[1:], z, nw, 1, 1e-5, dz,
+                                      None)
     with pytest.raises(RuntimeError, match=r'parts must be .* for the 5 wide heads'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, None, z, nw, 1, 1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide, None, z, nw, 1, 1e-5, dz, None)
     with pytest.raises(RuntimeError,
                        match=r'wide must be a contiguous \(b, 2, h\) bool CPU tensor'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide.float(), parts, z, nw, 1,
-                                       1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide.float(), parts, z, nw, 1,
+                                      1e-5, dz, None)
     # tensors on another device are refused before any of their memory is read
     with pytest.raises(RuntimeError, match=r'wide must be .* bool CPU tensor'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide.to('meta'), parts, z, nw, 1,
-                                       1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide.to('meta'), parts, z, nw, 1,
+                                      1e-5, dz, None)
     with pytest.raises(RuntimeError, match=r'row must be a contiguous \(b, R, h, L\) CPU tensor'):
-        native_cpu.merge_backward_scan(dm, ys, row.to('meta'), x, diag, wide, parts, z, nw, 1,
-                                       1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row.to('meta'), x, diag, wide, parts, z, nw, 1,
+                                      1e-5, dz, None)
     with pytest.raises(RuntimeError, match=r'ys must be a \(b, R, h, p, L\) CPU tensor like x'):
-        native_cpu.merge_backward_scan(dm, ys[..., :-1], row, x, diag, wide, parts, z, nw, 1,
-                                       1e-5, dz)
+        kernels().merge_backward_scan(dm, ys[..., :-1], row, x, diag, wide, parts, z, nw, 1,
+                                      1e-5, dz, None)
     with pytest.raises(RuntimeError, match=r'z must be a \(b, L, C\) = \(3, 70, 20\)'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z[:, :-1], nw, 1,
-                                       1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide, parts, z[:, :-1], nw, 1,
+                                      1e-5, dz, None)
     with pytest.raises(RuntimeError, match='3 groups do not divide d = 20'):
-        native_cpu.merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, 3, 1e-5, dz)
+        kernels().merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, 3, 1e-5, dz, None)
     with pytest.raises(RuntimeError, match=r'both directions \(b, 2, h, p, L\)'):
-        native_cpu.merge_backward_scan(dm, ys[:, :1], row[:, :1], x[:, :1], diag[:, :1],
-                                       wide[:, :1], None, z, nw, 1, 1e-5, dz)
+        kernels().merge_backward_scan(dm, ys[:, :1], row[:, :1].contiguous(), x[:, :1],
+                                      diag[:, :1].contiguous(), wide[:, :1].contiguous(), None,
+                                      z, nw, 1, 1e-5, dz, None)
 
 
 def _scan_output(ys, row, x, diag):
@@ -358,10 +374,10 @@ def test_products_equal_the_composition(gemm_path, dtype, tol, dirs, groups, len
     def close(got, want):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
 
-    close(native_cpu.column_products(x, cb, bounds, True, True), x @ cb.mT)
-    close(native_cpu.column_products(x, cb, bounds, False, False), x @ cb)
+    close(_column_products(x, cb, bounds, True, True), x @ cb.mT)
+    close(_column_products(x, cb, bounds, False, False), x @ cb)
     full = x.mT @ y
-    got, diag = native_cpu.masked_outer(x, y, bounds)
+    got, diag = _masked_outer(x, y, bounds)
     close(got, _triangles(full))
     close(diag, full.diagonal(dim1=-2, dim2=-1))
 
@@ -369,19 +385,19 @@ def test_products_equal_the_composition(gemm_path, dtype, tol, dirs, groups, len
 def test_products_bad_input_is_named():
     x, cb = torch.randn(2, 2, 1, 8, 9), torch.randn(2, 2, 1, 9, 9)
     with pytest.raises(RuntimeError, match='the matrices must be a \\(b, R, g, 9, 9\\)'):
-        native_cpu.column_products(x, cb[..., :8], [0, 9], True, True)
+        _column_products(x, cb[..., :8], [0, 9], True, True)
     with pytest.raises(RuntimeError, match='block bounds must rise strictly from 0 to the '
                                            'length 9'):
-        native_cpu.column_products(x, cb, [0, 5, 5, 9], True, True)
+        _column_products(x, cb, [0, 5, 5, 9], True, True)
     with pytest.raises(RuntimeError, match='the second operand must be a \\(b, R, g, 8, 9\\) '
                                            'CPU tensor of the first operand\'s dtype'):
-        native_cpu.masked_outer(x, x.double(), [0, 9])
+        _masked_outer(x, x.double(), [0, 9])
     with pytest.raises(RuntimeError, match='first operand must be a \\(b, R, g, P, L\\) '
                                            'float32 or float64'):
-        native_cpu.masked_outer(x.bfloat16(), x.bfloat16(), [0, 9])
+        _masked_outer(x.bfloat16(), x.bfloat16(), [0, 9])
     strided = x.mT.contiguous().mT  # no unit stride along L
-    for fn in (lambda: native_cpu.masked_outer(strided, x, [0, 9]),
-               lambda: native_cpu.column_products(strided, cb, [0, 9], True, True)):
+    for fn in (lambda: _masked_outer(strided, x, [0, 9]),
+               lambda: _column_products(strided, cb, [0, 9], True, True)):
         with pytest.raises(RuntimeError, match='the first operand must be a \\(b, R, g, 8, 9\\)'):
             fn()
 
@@ -408,8 +424,8 @@ def _scan_pytorch(args, Q):
 
 def _scan_native(args, Q):
     *ins, dy = args
-    y, states = native_cpu.chunk_scan_forward(*ins, Q, True)
-    return [y, *native_cpu.chunk_scan_backward(dy, *ins, states, Q)]
+    y, states = kernels().chunk_scan_forward(*ins, Q, True)
+    return [y, *kernels().chunk_scan_backward(dy, *ins, states, Q)]
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -441,25 +457,25 @@ def test_chunk_scan_bad_input_is_named():
     x, dt, A, B, C, D = ins
     with pytest.raises(RuntimeError, match='dt must be a contiguous CPU tensor of x\'s dtype '
                                            'with shape \[1, 20, 4\]'):
-        native_cpu.chunk_scan_forward(x, dt.double(), A, B, C, D, 8, True)
+        kernels().chunk_scan_forward(x, dt.double(), A, B, C, D, 8, True)
     with pytest.raises(RuntimeError, match='B must be \(b, L, g, n\) with g dividing the heads'):
-        native_cpu.chunk_scan_forward(x, dt, A, torch.randn(1, 20, 3, 6), C, D, 8, True)
+        kernels().chunk_scan_forward(x, dt, A, torch.randn(1, 20, 3, 6), C, D, 8, True)
     with pytest.raises(RuntimeError, match='C must be .* \(not contiguous\)'):
-        native_cpu.chunk_scan_forward(x, dt, A, B, C.mT.contiguous().mT, D, 8, True)
+        kernels().chunk_scan_forward(x, dt, A, B, C.mT.contiguous().mT, D, 8, True)
     with pytest.raises(RuntimeError, match='x must be \(b, L, h, p\) float32 or float64'):
-        native_cpu.chunk_scan_forward(x.bfloat16(), dt, A, B, C, D, 8, True)
+        kernels().chunk_scan_forward(x.bfloat16(), dt, A, B, C, D, 8, True)
     with pytest.raises(RuntimeError, match='chunk must be >= 1'):
-        native_cpu.chunk_scan_forward(x, dt, A, B, C, D, 0, True)
-    _, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, 8, True)
+        kernels().chunk_scan_forward(x, dt, A, B, C, D, 0, True)
+    _, states = kernels().chunk_scan_forward(x, dt, A, B, C, D, 8, True)
     with pytest.raises(RuntimeError, match='the states must be the pieces chunk_scan_forward '
                                            'kept'):
-        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, [], 8)
+        kernels().chunk_scan_backward(dy, x, dt, A, B, C, D, [], 8)
     with pytest.raises(RuntimeError, match='the states must be the pieces'):
-        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, 4)  # other chunks
+        kernels().chunk_scan_backward(dy, x, dt, A, B, C, D, states, 4)  # other chunks
     with pytest.raises(RuntimeError, match='a state piece must be a contiguous CPU tensor'):
-        native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, [states[0][:, :, :1]], 8)
+        kernels().chunk_scan_backward(dy, x, dt, A, B, C, D, [states[0][:, :, :1]], 8)
     with pytest.raises(RuntimeError, match='dy must be'):
-        native_cpu.chunk_scan_backward(dy[:, :10], x, dt, A, B, C, D, states, 8)
+        kernels().chunk_scan_backward(dy[:, :10], x, dt, A, B, C, D, states, 8)
 
 
 def _with_threads(n, fn):
@@ -511,19 +527,22 @@ def test_results_do_not_depend_on_the_thread_count():
         assert st.wide.any() and not st.wide.all()
         mdz, mout = torch.empty_like(mdm), torch.empty_like(mdm)
         dx = torch.empty(6, 37, 40)
-        return [*native_cpu.scan_factors(xc[..., :8], b[:, :8], -w[:, :8, 0].abs() * 9, 100.),
-                native_cpu.conv_silu_forward(xc, w, b),
-                *native_cpu.conv_silu_backward(dact, xc, w, b, dx), dx,
-                native_cpu.merge_forward(y, z, nw, 2, 1e-5, torch.empty(6, 70, 32)),
-                *native_cpu.merge_backward(dm, y, z, nw, 2, 1e-5, dz), dz,
+        merged = torch.empty(6, 70, 32)
+        kernels().merge_forward(y, z, nw, 2, 1e-5, merged)
+        return [*kernels().scan_factors(xc[..., :8], b[:, :8].contiguous(),
+                                         -w[:, :8, 0].abs() * 9, 100., True),
+                kernels().conv_silu_forward(xc, w, b),
+                *kernels().conv_silu_backward([dact], xc, w, b, dx), dx,
+                merged,
+                *kernels().merge_backward(dm, y, z, nw, 2, 1e-5, dz, None), dz,
                 qy, *scan_backward(qdy, qx, qdt, qA, qB, qC, st, True),
-                *native_cpu.merge_backward_scan(mdm, mys, mrow, mx, mdiag, mwide, mparts, mz,
-                                                mnw, 2, 1e-5, mdz, mout), mdz, mout,
-                native_cpu.column_products(px, pcb, [0, 64, 128, 150], True, True),
-                native_cpu.column_products(px, pcb, [0, 64, 128, 150], False, False),
-                *native_cpu.masked_outer(px, py, [0, 64, 128, 150]),
-                *native_cpu.rms_norm_forward(xc, w[0, :, 0].contiguous(), 1e-5),
-                *native_cpu.rms_norm_backward(dx.contiguous(), xc, rstd, w[0, :, 0].contiguous())]
+                *kernels().merge_backward_scan(mdm, mys, mrow, mx, mdiag, mwide, mparts, mz,
+                                               mnw, 2, 1e-5, mdz, mout), mdz, mout,
+                _column_products(px, pcb, [0, 64, 128, 150], True, True),
+                _column_products(px, pcb, [0, 64, 128, 150], False, False),
+                *_masked_outer(px, py, [0, 64, 128, 150]),
+                *kernels().rms_norm_forward(xc, w[0, :, 0].contiguous(), 1e-5),
+                *kernels().rms_norm_backward(dx.contiguous(), xc, rstd, w[0, :, 0].contiguous())]
 
     for one, two in zip(_with_threads(1, run), _with_threads(2, run)):
         assert torch.equal(one, two)
@@ -537,15 +556,25 @@ def _grads(m, x):
     return [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
 
 
+class _Patched:
+    """The compiled kernels with some functions replaced: ``replace`` maps a name to a function
+    of the original that returns its replacement."""
+
+    def __init__(self, module, replace: dict):
+        self._module, self._replace = module, replace
+
+    def __getattr__(self, name):
+        fn = getattr(self._module, name)
+        return self._replace[name](fn) if name in self._replace else fn
+
+
 def _record(monkeypatch, names) -> list:
-    """The list that the named kernels (monkeypatched) append their names to when called (after
+    """The list that the named kernels append their names to when called (from now on: after
     the self-check, which calls them too)."""
     assert native_cpu.available()
     calls = []
-    for name in names:
-        fn = getattr(native_cpu, name)
-        monkeypatch.setattr(native_cpu, name,
-                            lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    replace = {n: lambda fn, n=n: lambda *a, **k: calls.append(n) or fn(*a, **k) for n in names}
+    monkeypatch.setitem(native_cpu._state, 'module', _Patched(native_cpu.kernels(), replace))
     return calls
 
 
@@ -656,24 +685,34 @@ def test_a_backward_pass_runs_what_its_forward_chose(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def _rebuilt_with(monkeypatch, replace: dict) -> None:
+    """The next load "builds" the kernels with ``replace`` (:class:`_Patched`) and checks them
+    again."""
+    module = native_cpu.kernels()
+    monkeypatch.setattr(native_cpu, '_state', {})
+    monkeypatch.setattr(native_cpu, '_build', lambda: (_Patched(module, replace), None))
+
+
 @pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_forward',
                                     'wide_backward', 'products_forward', 'products_backward',
                                     'chunk_scan_backward', 'recurrent_scan_backward',
-                                    'scan_steps'])
+                                    'scan_factors'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the reference runs
-    monkeypatch.setattr(native_cpu, '_state', {})
-    fn = getattr(native_cpu, broken)
+    def off(fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            # merge_forward writes into its out; wide_backward's dA is near zero there: the
+            # dx it added to
+            if broken in ('merge_forward', 'wide_backward'):
+                first = args[-1] if broken == 'merge_forward' else args[7]
+            else:
+                first = out if torch.is_tensor(out) else out[0]
+            first.mul_(1.01)
+            return out
+        return run
 
-    def off(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        first = out if torch.is_tensor(out) else out[0]
-        if broken == 'wide_backward':  # its dA is near zero there: the dx it added to
-            first = args[7]
-        first.mul_(1.01)
-        return out
-
-    monkeypatch.setattr(native_cpu, broken, off)
+    _rebuilt_with(monkeypatch, {broken: off})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         assert not native_cpu.available()
@@ -685,12 +724,12 @@ def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
 
 
 def test_a_self_check_that_raises_fails(monkeypatch):
-    monkeypatch.setattr(native_cpu, '_state', {})
+    def rejects(fn):
+        def run(*args, **kwargs):
+            raise RuntimeError('native merge: z must be a (b, L, d) tensor')
+        return run
 
-    def rejects(*args, **kwargs):
-        raise RuntimeError('native merge: z must be a (b, L, d) tensor')
-
-    monkeypatch.setattr(native_cpu, 'merge_backward', rejects)
+    _rebuilt_with(monkeypatch, {'merge_backward': rejects})
     with pytest.warns(UserWarning, match='failed their self-check'):
         assert not native_cpu.available()
     assert native_cpu.load_error().startswith('RuntimeError: native merge')

@@ -173,12 +173,10 @@ def test_rms_norm_equals_pytorchs(dtype, tol, with_weight, shape):
 
 
 def test_rms_norm_runs_natively_on_cpu_and_falls_back_elsewhere(monkeypatch):
-    from mmdinomamba.ops import native_cpu, reference_ops
-    calls = []
-    for name in ('rms_norm_forward', 'rms_norm_backward'):
-        fn = getattr(native_cpu, name)
-        monkeypatch.setattr(native_cpu, name,
-                            lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    from test_native_cpu import _record
+
+    from mmdinomamba.ops import reference_ops
+    calls = _record(monkeypatch, ('rms_norm_forward', 'rms_norm_backward'))
     x, w, g = torch.randn(4, 9, 16), torch.randn(16), torch.randn(4, 9, 16)
     native = _rms_grads(lambda a, b: rms_norm(a, b, 1e-6), x, w, g)
     assert calls == ['rms_norm_forward', 'rms_norm_backward']
@@ -209,12 +207,12 @@ def test_rms_norm_module_is_a_drop_in_for_torchs():
 
 
 def test_native_rms_norm_bad_input_is_named():
-    from mmdinomamba.ops import native_cpu
+    from mmdinomamba.ops.cpu.native_cpu import kernels
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match='x must be a contiguous float32 or float64'):
-        native_cpu.rms_norm_forward(x.mT, None, 1e-5)
+        kernels().rms_norm_forward(x.mT, None, 1e-5)
     with pytest.raises(RuntimeError, match='weight must be a contiguous \\(8,\\) tensor'):
-        native_cpu.rms_norm_forward(x, torch.randn(7), 1e-5)
-    y, rstd = native_cpu.rms_norm_forward(x, None, 1e-5)
+        kernels().rms_norm_forward(x, torch.randn(7), 1e-5)
+    y, rstd = kernels().rms_norm_forward(x, None, 1e-5)
     with pytest.raises(RuntimeError, match='rstd must hold one value of x\'s dtype per row'):
-        native_cpu.rms_norm_backward(x, x, rstd[:3], None)
+        kernels().rms_norm_backward(x, x, rstd[:3], None)

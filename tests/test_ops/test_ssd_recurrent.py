@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from mmdinomamba.models.mixers import BiSSD
 from mmdinomamba.ops import native_cpu, reference_ops
+from mmdinomamba.ops.cpu.native_cpu import kernels
 from mmdinomamba.ops.cpu import bidir_inner
 
 from test_native_cpu import _grads, _record, _with_threads
@@ -33,12 +34,12 @@ class _RecurrentSSD(torch.autograd.Function):
         args = (_channel_major(x), dt.transpose(1, 2).unsqueeze(1).contiguous(), A[None],
                 _channel_major(B), _channel_major(C), None if D is None else D[None])
         ctx.save_for_backward(*args[:5], D)
-        return _token_major(native_cpu.recurrent_scan_forward(*args))
+        return _token_major(kernels().recurrent_scan_forward(*args))
 
     @staticmethod
     def backward(ctx, dy):
         x, dt, A, B, C, D = ctx.saved_tensors
-        dx, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(
+        dx, ddt, dA, dB, dC, dD = kernels().recurrent_scan_backward(
             _channel_major(dy), x, dt, A, B, C, None if D is None else D[None])
         return (_token_major(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _token_major(dB),
                 _token_major(dC), None if D is None else dD[0])
@@ -101,8 +102,8 @@ def _both_directions(args, dy):
     both = [torch.stack([cm(t), cm(t).flip(-1)], 1).contiguous() for t in (x, B, C, dy)]
     dt2 = torch.stack([dt.transpose(1, 2), dt.transpose(1, 2).flip(-1)], 1).contiguous()
     A2, D2 = torch.stack([A, A]), torch.stack([D, D])
-    y = native_cpu.recurrent_scan_forward(both[0], dt2, A2, both[1], both[2], D2)
-    grads = native_cpu.recurrent_scan_backward(both[3], both[0], dt2, A2, both[1], both[2], D2)
+    y = kernels().recurrent_scan_forward(both[0], dt2, A2, both[1], both[2], D2)
+    grads = kernels().recurrent_scan_backward(both[3], both[0], dt2, A2, both[1], both[2], D2)
     return y, grads
 
 
@@ -140,16 +141,16 @@ def test_bad_input_is_named():
     dt, A = torch.rand(2, 1, 4, 9), -torch.rand(1, 4)
     B = torch.randn(2, 1, 3, 16, 9)
     with pytest.raises(RuntimeError, match=r'the heads \(4\) must split into the groups \(3\)'):
-        native_cpu.recurrent_scan_forward(x, dt, A, B, B, None)
+        kernels().recurrent_scan_forward(x, dt, A, B, B, None)
     B = torch.randn(2, 1, 1, 16, 9)
     with pytest.raises(RuntimeError, match='C must be \\(2, 1, 1, 16, 9\\)'):
-        native_cpu.recurrent_scan_forward(x, dt, A, B, B[..., :8], None)
+        kernels().recurrent_scan_forward(x, dt, A, B, B[..., :8], None)
     with pytest.raises(RuntimeError, match='A and D must be contiguous \\(1, 4\\)'):
-        native_cpu.recurrent_scan_forward(x, dt, A, B, B, torch.randn(4))
+        kernels().recurrent_scan_forward(x, dt, A, B, B, torch.randn(4))
     with pytest.raises(RuntimeError, match='dt must be a contiguous \\(b, R, h, L\\)'):
-        native_cpu.recurrent_scan_forward(x, dt[..., :8], A, B, B, None)
+        kernels().recurrent_scan_forward(x, dt[..., :8], A, B, B, None)
     with pytest.raises(RuntimeError, match='dy must be a \\(b, R, h, p, L\\)'):
-        native_cpu.recurrent_scan_backward(x[..., :8], x, dt, A, B, B, None)
+        kernels().recurrent_scan_backward(x[..., :8], x, dt, A, B, B, None)
 
 
 def test_steps_equal_those_of_the_factors():
@@ -157,8 +158,8 @@ def test_steps_equal_those_of_the_factors():
     raw = (torch.randn(3, 41, 10, generator=gen) * 4)[..., 3:8]
     raw[0, 5, 1] = 30.  # above softplus' threshold
     bias = torch.randn(2, 5, generator=gen)
-    want = native_cpu.scan_factors(raw, bias, -torch.rand(2, 5, generator=gen), 100.)[0]
-    assert torch.equal(native_cpu.scan_steps(raw, bias), want)
+    want = kernels().scan_factors(raw, bias, -torch.rand(2, 5, generator=gen), 100., True)[0]
+    assert torch.equal(kernels().scan_factors(raw, bias, bias, 0., False)[0], want)
 
 
 @pytest.mark.parametrize('dt_scale', [1.0, 50.0])

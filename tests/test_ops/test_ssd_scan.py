@@ -247,7 +247,7 @@ def test_native_states_are_kept_in_pieces():
     """The native scan keeps the states entering its chunks in pieces of at most 16 MiB (here
     float64 states of 1 MiB per chunk: 16 chunks a piece); the backward pass reads them all:
     gradients equal the recurrence's."""
-    from mmdinomamba.ops.cpu import native_cpu
+    from mmdinomamba.ops.cpu.native_cpu import kernels
     gen = torch.Generator().manual_seed(13)
     length, h, p, n = 81, 32, 64, 64  # 41 chunks of two tokens (the last one ragged)
     args = [torch.randn(1, length, h, p, generator=gen, dtype=torch.float64),
@@ -255,7 +255,7 @@ def test_native_states_are_kept_in_pieces():
             -torch.linspace(1, 8, h, dtype=torch.float64),
             *(torch.randn(1, length, 1, n, generator=gen, dtype=torch.float64) for _ in range(2)),
             torch.randn(h, generator=gen, dtype=torch.float64)]
-    _, states = native_cpu.chunk_scan_forward(*args, 2, True)
+    _, states = kernels().chunk_scan_forward(*args, 2, True)
     assert [s.shape[1] for s in states] == [16, 16, 9]
     assert all(s.numel() * s.element_size() <= 16 << 20 for s in states)
     assert_float64_exact(lambda *a: ssd_scan_chunked_native(*a, chunk_size=2), args)

@@ -23,10 +23,15 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from ..reference.mixer import InnerDims
+from ..self_check import mismatch, reference_graph
 from . import native_cpu
+from .native_cpu import kernels
 from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
 
 __all__ = ['forward', 'backward', 'kept_layout', 'SLICE_FLOATS']
+
+#: the head sizes (states, channels) the recurrence kernel takes (``csrc/recurrent.h``)
+RECURRENT_HEADS = (16, 16)
 
 #: the most conv outputs (both directions) one batch slice of the CPU fast path works on at once
 SLICE_FLOATS = 1 << 21
@@ -48,7 +53,7 @@ def _split_conv(act: Tensor, dims: InnerDims) -> tuple[Tensor, Tensor, Tensor]:
 
 def _use_recurrent(dims: InnerDims) -> bool:
     """Whether the scan runs by the recurrence (heads it takes) instead of the quadratic form."""
-    return native_cpu.recurrent_fits(dims.d_state, dims.headdim)
+    return (dims.d_state, dims.headdim) == RECURRENT_HEADS
 
 
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
@@ -57,22 +62,22 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     what the backward pass needs (:func:`kept_layout`)."""
     ct = torch.promote_types(proj.dtype, torch.float32)
     with record_function('bidir_ssd.conv'):
-        act = native_cpu.conv_silu_forward(*_conv_inputs(proj, conv_weight, conv_bias, dims,
-                                                         ct))
+        act = kernels().conv_silu_forward(*_conv_inputs(proj, conv_weight, conv_bias, dims, ct))
     u, Bm, Cm = _split_conv(act, dims)
     raw = _tokens(proj[..., -dims.nheads:], ct)
     with record_function('bidir_ssd.scan'):
         if _use_recurrent(dims):  # keeps its output alone
-            dt = native_cpu.scan_steps(raw, dt_bias.to(ct))
-            y = native_cpu.recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
+            dt = kernels().scan_factors(raw, dt_bias.to(ct), A.to(ct), 0., False)[0]
+            y = kernels().recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
         else:  # dt and the scan's factors in one pass
-            dt, *factors = native_cpu.scan_factors(raw, dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
+            dt, *factors = kernels().scan_factors(raw, dt_bias.to(ct), A.to(ct), FACTORED_RANGE,
+                                                  True)
             y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), factors)
     with record_function('bidir_ssd.merge'):
         if out is None or out.dtype != ct:
             out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
-        native_cpu.merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct),
-                                 norm_weight.to(ct), dims.ngroups, dims.eps, out)
+        kernels().merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct),
+                                norm_weight.to(ct), dims.ngroups, dims.eps, out)
     if _use_recurrent(dims):
         return out, [dt, y, act]
     # keep the scan's (b, R, g, r p, L) product (the wide heads' parts in their slots, which
@@ -84,7 +89,7 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
 
 
 def _store_wide(ys: Tensor, parts: Tensor, wide: Tensor) -> None:
-    """Writes the wide heads' parts (N, p, L) (:func:`.native_cpu.wide_forward`'s order)
+    """Writes the wide heads' parts (N, p, L) (the kernel ``wide_forward``'s order)
     into their slots of ``ys`` (b, R, h, p, L), where the factored product is zero (their
     ``row`` and ``col`` scales are zero, so nothing reads those slots otherwise)."""
     start = 0
@@ -127,21 +132,21 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     weight = norm_weight.to(ct)
     with record_function('bidir_ssd.merge'):
         if recurrent:
-            dy, dnorm = native_cpu.merge_backward(dm, st.flatten(2, 3), z, weight, dims.ngroups,
-                                                  dims.eps, dz, mixed)
+            dy, dnorm = kernels().merge_backward(dm, st.flatten(2, 3), z, weight, dims.ngroups,
+                                                 dims.eps, dz, mixed)
         else:  # the scan's output rebuilt tile by tile inside the kernel, never written whole
-            dy, dnorm = native_cpu.merge_backward_scan(
+            dy, dnorm = kernels().merge_backward_scan(
                 dm, st.ys.view(u.shape), st.row, u, st.diag, st.wide, st.y_wide, z, weight,
                 dims.ngroups, dims.eps, dz, mixed)
     dy = dy.unflatten(2, (-1, dims.headdim))
     with record_function('bidir_ssd.scan'):
         if recurrent:
-            du, ddt, dA, dB, dC, dD = native_cpu.recurrent_scan_backward(dy, u, dt, A.to(ct), Bm,
-                                                                          Cm, D.to(ct))
+            du, ddt, dA, dB, dC, dD = kernels().recurrent_scan_backward(dy, u, dt, A.to(ct), Bm,
+                                                                        Cm, D.to(ct))
         else:
             du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True)
     with record_function('bidir_ssd.conv'):  # the kernel reads the parts; dx: a view of grad
-        dweight, dbias = native_cpu.conv_silu_backward(
+        dweight, *dbias = kernels().conv_silu_backward(
             [du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)],
             *_conv_inputs(proj, conv_weight, conv_bias, dims, ct), grad[..., d:d + c])
     dt_in = proj[..., d + c:].transpose(1, 2).to(ct).unsqueeze(1) + dt_bias.to(ct)[..., None]
@@ -149,7 +154,7 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     grad[..., d + c:].copy_(ddt_in.sum(1).transpose(1, 2))
     if grad is not dproj:
         dproj.copy_(grad)
-    return [dweight, dbias, ddt_in.sum((0, 3)), dA, dD, dnorm]
+    return [dweight, dbias[0] if dbias else None, ddt_in.sum((0, 3)), dA, dD, dnorm]
 
 
 def _batch_slices(proj: Tensor, dims: InnerDims) -> list[slice]:
@@ -228,20 +233,15 @@ def backward(dres: Tensor, proj: Tensor, params: list, out_weight: Tensor | None
             dw_out, db_out]
 
 
-def _identity(t: Tensor) -> Tensor:
-    return t
-
-
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """Small forward and backward passes (conv, quadratic scan with factored and strongly
     decaying heads, merge; the recurrence for heads of 16 channels with 16 states) in the
     native kernels, in float32 and float64, against the float64 reference
     (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref` with the scan ``y = M x`` of the mixing
-    matrices, and autograd); returns what differs by
-    more than ``native_cpu.SELF_CHECK_TOL``, or None. A compiler that builds the kernels
-    wrongly (flags, a new CPU) then costs speed, not results. About 50 ms on two cores, once
-    per process."""
+    matrices, and autograd); returns what differs by more than ``native_cpu.SELF_CHECK_TOL``,
+    or None. A compiler that builds the kernels wrongly (flags, a new CPU) then costs speed,
+    not results. About 50 ms on two cores, once per process."""
     from ..reference import bidir_mixer_ref, ssd_scan_quadratic_ref
     gen = torch.Generator().manual_seed(0)
     names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
@@ -258,11 +258,7 @@ def _native_self_check() -> str | None:
                   torch.randn(2, h, generator=gen, dtype=torch.float64),
                   1 + torch.randn(2, dims.d_inner, generator=gen, dtype=torch.float64)]
         dout = torch.randn(b, length, dims.d_inner, generator=gen, dtype=torch.float64)
-        # the first call may come from inside autocast, no_grad, inference mode or an
-        # activation checkpoint (identity hooks keep the check's graph away from its hooks)
-        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-                'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(
-                    _identity, _identity):
+        with reference_graph():
             leaves = [t.clone().requires_grad_() for t in (proj, *params)]
             out = bidir_mixer_ref(*leaves, dims, ssd_scan_quadratic_ref)
             want = [out.detach(), *torch.autograd.grad(out, leaves, dout)]
@@ -271,9 +267,8 @@ def _native_self_check() -> str | None:
                 ins = [t.to(dtype) for t in (proj, *params, dout)]
                 out, kept = forward(ins[0], ins[1:7], None, None, dims)
                 got = [out, *backward(ins[7], ins[0], ins[1:7], None, False, kept, dims)[:7]]
-                for name, g, w in zip(names, got, want):
-                    err = ((g.double() - w).norm() / w.norm()).item()
-                    if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-                        return (f'bidirectional mixer {name}: relative error {err:.2e} against '
-                                f'the reference ({dtype}, heads of {size} channels)')
+                error = mismatch(names, got, want, native_cpu.SELF_CHECK_TOL)
+                if error is not None:
+                    return (f'bidirectional mixer {error} against the reference ({dtype}, '
+                            f'heads of {size} channels)')
     return None

@@ -3,7 +3,7 @@ backward of ``F.rms_norm`` is a composition of about ten operations)."""
 import torch
 from torch import Tensor
 
-from . import native_cpu
+from .native_cpu import kernels
 
 __all__ = ['rms_norm_native']
 
@@ -16,7 +16,7 @@ class _RMSNorm(torch.autograd.Function):
     def forward(ctx, x, weight, eps):
         x = x.contiguous()
         weight = None if weight is None else weight.contiguous()
-        y, rstd = native_cpu.rms_norm_forward(x, weight, eps)
+        y, rstd = kernels().rms_norm_forward(x, weight, eps)
         ctx.save_for_backward(x, rstd, weight)
         return y
 
@@ -24,8 +24,8 @@ class _RMSNorm(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         x, rstd, weight = ctx.saved_tensors
-        dx, dweight = native_cpu.rms_norm_backward(grad.contiguous(), x, rstd, weight)
-        return dx, dweight, None
+        dx, *dweight = kernels().rms_norm_backward(grad.contiguous(), x, rstd, weight)
+        return dx, dweight[0] if weight is not None else None, None
 
 
 def rms_norm_native(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:

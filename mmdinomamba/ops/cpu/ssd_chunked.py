@@ -1,4 +1,4 @@
-"""The chunked SSD scan in the native CPU kernels (:func:`.native_cpu.chunk_scan_forward`):
+"""The chunked SSD scan in the native CPU kernels (the kernel ``chunk_scan_forward``):
 Mamba-2's block decomposition of :mod:`mmdinomamba.ops.reference.ssd_chunked`, one work unit per
 (sample, group, slice of the group's heads) running the whole sequence chunk by chunk with every
 temporary in cache, and a hand-written backward pass that recomputes from the inputs and the
@@ -8,18 +8,21 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..reference.ssd_ref import ssd_scan_ref
+from ..self_check import mismatch, reference_graph
 from . import native_cpu
+from .native_cpu import kernels
 
 __all__ = ['ssd_scan_chunked_native']
 
 
 class _NativeChunkedSSD(torch.autograd.Function):
-    """Saves the inputs and the states entering each chunk (in pieces of at most 16 MiB, see
-    :func:`.native_cpu.chunk_scan_forward`); the backward kernel recomputes the rest."""
+    """Saves the inputs and the states entering each chunk (in pieces of at most 16 MiB,
+    ``csrc/chunk_scan.h``); the backward kernel recomputes the rest."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, Q):
-        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, any(ctx.needs_input_grad))
+        y, states = kernels().chunk_scan_forward(x, dt, A, B, C, D, Q,
+                                                 any(ctx.needs_input_grad))
         ctx.save_for_backward(x, dt, A, B, C, D, *states)
         ctx.Q = Q
         return y
@@ -28,8 +31,8 @@ class _NativeChunkedSSD(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, dt, A, B, C, D, *states = ctx.saved_tensors
-        dx, ddt, dA, dB, dC, dD = native_cpu.chunk_scan_backward(dy.contiguous(), x, dt, A, B, C,
-                                                                 D, states, ctx.Q)
+        dx, ddt, dA, dB, dC, dD = kernels().chunk_scan_backward(dy.contiguous(), x, dt, A, B, C,
+                                                                D, list(states), ctx.Q)
         return dx, ddt, dA, dB, dC, None if D is None else dD, None
 
 
@@ -48,22 +51,15 @@ def _native_self_check() -> str | None:
     B, C = (torch.randn(b, length, g, n, generator=gen) for _ in range(2))
     D = torch.randn(h, generator=gen)
     with torch.no_grad(), torch.autocast('cpu', enabled=False):
-        y, states = native_cpu.chunk_scan_forward(x, dt, A, B, C, D, Q, True)
-        got = [y, *native_cpu.chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
-    # the first call may come from a no-grad forward or inside an activation checkpoint: the
-    # reference's graph stays here (identity hooks) and nothing returned carries it
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            'cpu', enabled=False), torch.autograd.graph.saved_tensors_hooks(
-                lambda t: t, lambda t: t):
+        y, states = kernels().chunk_scan_forward(x, dt, A, B, C, D, Q, True)
+        got = [y, *kernels().chunk_scan_backward(dy, x, dt, A, B, C, D, states, Q)]
+    with reference_graph():
         ins = [t.double().requires_grad_() for t in (x, dt, A, B, C, D)]
         y_ref = ssd_scan_ref(*ins)
         want = [y_ref.detach(), *torch.autograd.grad(y_ref, ins, dy.double())]
-    for name, a, r in zip(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want):
-        err = ((a.double() - r).norm() / r.norm()).item()
-        if not err <= native_cpu.SELF_CHECK_TOL:  # NaN too
-            return f'chunked scan {name}: relative error {err:.2e} against the reference'
-    return None
-
+    error = mismatch(['output', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD'], got, want,
+                     native_cpu.SELF_CHECK_TOL)
+    return None if error is None else f'chunked scan {error} against the reference'
 
 def ssd_scan_chunked_native(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                             D: Tensor | None, chunk_size: int) -> Tensor:

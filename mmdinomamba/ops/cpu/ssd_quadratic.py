@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from . import native_cpu
+from .native_cpu import kernels
 
 __all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'block_bounds',
            'FACTORED_RANGE']
@@ -78,7 +79,7 @@ class ScanState:
         ys (Tensor): (b, R, g, r p, L) the factored path's ``cb`` product (before the row
             scale) of its scanned values ``xs = x dt col`` (the backward pass recomputes them).
         y_wide (Tensor | None): (N, p, L) what the N wide heads added to ``y``
-            (:func:`.native_cpu.wide_forward`), None when no head is wide.
+            (the kernel ``wide_forward``), None when no head is wide.
     """
     S: Tensor
     row: Tensor
@@ -115,12 +116,14 @@ def _factors(dt: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def _triangle_product(a: Tensor, cb: Tensor, transpose: bool) -> Tensor:
     """``a @ cb^T`` (``transpose``) or ``a @ cb`` per direction and group of ``a`` (b, R, g, P, L)
     and the masked ``cb`` (b, R, g, L, L): with several token blocks in the native kernel
-    (:func:`.native_cpu.column_products`), its zero blocks skipped; with one, PyTorch's batched
+    (``column_products``), its zero blocks skipped; with one, PyTorch's batched
     GEMM, as fast or faster there (docs/results.md)."""
     bounds = block_bounds(a.shape[-1])
     if len(bounds) == 2:
         return torch.matmul(a, cb.mT if transpose else cb)
-    return native_cpu.column_products(a, cb, bounds, transpose, prefix_first=transpose)
+    out = a.new_empty(a.shape)  # column block j reads rows [0, j1) or [j0, L) of cb
+    kernels().column_products(a, cb, out, bounds, transpose, transpose)
+    return out
 
 
 def _grouped(t: Tensor, groups: int) -> Tensor:
@@ -133,20 +136,22 @@ def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
                  ) -> tuple[Tensor, ScanState]:
     """``y`` (b, R, h, p, L) of every direction (layout in the module docstring) and the
     state for :func:`scan_backward`; ``factors``: ``S, row, col, wide`` of ``dt`` and ``A`` if
-    already computed (as :func:`.native_cpu.scan_factors` does with ``dt``)."""
+    already computed (as the kernel ``scan_factors`` does with ``dt``)."""
     g = B.shape[2]
     S, row, col, wide = _factors(dt, A) if factors is None else factors
-    cb, cb_diag = native_cpu.masked_outer(C, B, block_bounds(B.shape[-1]))
+    cb = C.new_empty(*C.shape[:3], C.shape[-1], C.shape[-1])  # C^T B on the strict triangles
+    cb_diag = C.new_empty(*C.shape[:3], C.shape[-1])  # and its diagonal
+    kernels().masked_outer(C, B, cb, block_bounds(B.shape[-1]), cb_diag)
     diag = dt.unflatten(2, (g, -1)).mul(cb_diag.unsqueeze(3)).flatten(2, 3)
     if D is not None:
         diag.add_(D[..., None])
     s = dt * col
     with record_function('bidir_ssd.scan.products'):
-        ys, y = native_cpu.products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
+        ys, y = kernels().products_forward(x, s, cb, row, diag, block_bounds(x.shape[-1]))
     y_wide = None
     if wide.any():
         with record_function('bidir_ssd.scan.wide_heads'):
-            y_wide = native_cpu.wide_forward(x, dt, S, cb, wide, block_bounds(x.shape[-1]), y)
+            y_wide = kernels().wide_forward(x, dt, S, cb, wide, block_bounds(x.shape[-1]), y)
     return y, ScanState(S, row, col, wide, cb, cb_diag, diag, _grouped(ys, g), y_wide)
 
 
@@ -163,7 +168,7 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     # dxs_x: through xs = x dt col, the dt and S factors of column j; dys_ys: S_i enters y_i
     # through row_i (+) and x_i through col_i (-); q: through the diagonal scale
     with record_function('bidir_ssd.scan.products'):
-        dx, dcb, dxs_x, dys_ys, q = native_cpu.products_backward(
+        dx, dcb, dxs_x, dys_ys, q = kernels().products_backward(
             dy, x, st.ys.view(x.shape), s, st.row, st.diag, st.cb, bounds)
     dS = dys_ys.sub_(dxs_x * s)
     ddt = dxs_x.mul_(st.col)
@@ -171,8 +176,8 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
     dA_wide = None
     if st.wide.any():
         with record_function('bidir_ssd.scan.wide_heads'):
-            dA_wide = native_cpu.wide_backward(dy, x, dt, st.S, st.cb, st.wide, bounds, dx, ddt,
-                                               dS, dcb)
+            dA_wide = kernels().wide_backward(dy, x, dt, st.S, st.cb, st.wide, bounds, dx, ddt,
+                                              dS, dcb)
     dcb_diag = (q * dt).unflatten(2, (g, -1)).sum(3)
     dB, dC = _triangle_product(C, dcb, False), _triangle_product(B, dcb, True)
     dB.addcmul_(C, dcb_diag.unsqueeze(-2))

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..self_check import mismatch, reference_graph
 from ..switch import kernels_enabled
 
 _SSD_MODULE = 'mamba_ssm.ops.triton.ssd_combined'
@@ -120,33 +121,22 @@ def _lookup(key: str, module: str, attr: str, what: str,
     return _cache[key]
 
 
-def _identity(t):
-    return t
-
-
 def compare_with_reference(what: str, kernel: Callable, reference: Callable, inputs: list,
                            grad_out, names: tuple, tol: float) -> None:
     """A kernel's self-check: run ``kernel`` and ``reference`` on fresh leaf copies of ``inputs``
-    with autograd on, autocast off and outside inference mode (the first CUDA call, which
-    triggers the check, may come from a no-grad DINO teacher or a bf16 autocast forward),
-    backpropagate ``grad_out`` and raise if the output or a gradient (``names``, in order)
-    differs by more than ``tol`` relative error."""
-    device_type = inputs[0].device.type
+    (under :func:`~mmdinomamba.ops.self_check.reference_graph`: the first CUDA call, which
+    triggers the check, may come from a no-grad DINO teacher, a bf16 autocast forward or an
+    activation checkpoint), backpropagate ``grad_out`` and raise if the output or a gradient
+    (``names``, in order) differs by more than ``tol`` relative error."""
     results = []
-    # The check may run inside a non-reentrant activation checkpoint (the region that makes the
-    # first call): identity hooks keep its saved tensors away from the checkpoint's hooks, and
-    # nothing it returns carries a graph, so the region saves the same tensors when recomputed.
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(
-            device_type, enabled=False), torch.autograd.graph.saved_tensors_hooks(
-                _identity, _identity):
+    with reference_graph(inputs[0].device.type):
         for fn in (kernel, reference):
             leaves = [t.clone().requires_grad_() for t in inputs]
             out = fn(*leaves)
             results.append([out.detach(), *torch.autograd.grad(out, leaves, grad_out)])
-    for name, got, want in zip(names, *results):
-        err = ((got - want).norm() / want.norm()).item()
-        if not err < tol:
-            raise RuntimeError(f'{what} self-check: {name} relative error {err:.2e}')
+    error = mismatch(names, *results, tol)
+    if error is not None:
+        raise RuntimeError(f'{what} self-check: {error}')
 
 
 @torch.compiler.disable
