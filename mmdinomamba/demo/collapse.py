@@ -16,8 +16,8 @@ from typing import Optional
 
 from mmpretrain.registry import HOOKS
 
-from mmdinomamba.engine.hooks.dino_collapse_hook import (ONEHOT_HINT, UNIFORM_HINT,
-                                                         DINOCollapseMonitorHook)
+from mmdinomamba.engine.hooks.dino_collapse_hook import (DINOCollapseMonitorHook,
+                                                         collapse_hint)
 
 __all__ = ['DemoCollapseMonitorHook', 'read_collapse', 'EXIT_COLLAPSE', 'RECORD']
 
@@ -61,7 +61,7 @@ class DemoCollapseMonitorHook(DINOCollapseMonitorHook):
             consecutive_iterations=self._streak, stopped_at_iteration=stopped,
             out_dim=self.out_dim,
             signals={k: float(signals[k]) for k in _SIGNALS if k in signals},
-            what_to_change=ONEHOT_HINT if self._kind == 'one-dimension' else UNIFORM_HINT,
+            what_to_change=collapse_hint(self._kind, self._model),
             message=str(err), checkpoint=osp.join(runner.work_dir, name))
         path = osp.join(runner.log_dir, RECORD)
         tmp = path + '.tmp'

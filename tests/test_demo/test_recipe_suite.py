@@ -8,8 +8,8 @@ import pytest
 
 from mmdinomamba.datasets.folder import check_folder_layout
 from mmdinomamba.datasets.suite import SUITE, write_suite_set
-from mmdinomamba.demo.recipe import (PLAIN_KOLEO, derive_settings, kept_reasons, measure_data,
-                                     merge_options)
+from mmdinomamba.demo.recipe import (PLAIN_KOLEO, PLAIN_TEACHER_TEMP, derive_settings,
+                                     kept_reasons, measure_data, merge_options)
 
 PIPE = 'train_dataloader.dataset.pipeline.1.'
 
@@ -65,7 +65,7 @@ def test_derived_settings_follow_the_measurements():
     assert opts[PIPE + 'color_jitter'] == dict(brightness=0.2, contrast=0.2, saturation=0.,
                                                hue=0.)
     assert opts[PIPE + 'grayscale_prob'] == 0. and PIPE + 'local_crops_scale' not in opts
-    assert 'model.koleo_weight' not in opts
+    assert 'model.koleo_weight' not in opts and 'model.teacher_temp' not in opts
     opts, why = derive_settings(dict(base, colour_class_eta2=0.05, num_train=1200))
     assert opts['train_cfg.max_epochs'] == 28
     assert opts[PIPE + 'color_jitter']['hue'] == 0.1 and opts[PIPE + 'grayscale_prob'] == 0.2
@@ -76,6 +76,8 @@ def test_derived_settings_follow_the_measurements():
     assert opts['model.koleo_weight'] == PLAIN_KOLEO > 0
     assert any('plain background' in w for w in why)
     assert any('KoLeo' in w and why[w] == ['model.koleo_weight'] for w in why)
+    assert opts['model.teacher_temp'] == PLAIN_TEACHER_TEMP == opts['model.warmup_teacher_temp']
+    assert any('teacher temperature' in w for w in why)
 
 
 def test_derived_settings_apply_to_every_demo_config_without_new_keys():
@@ -86,6 +88,7 @@ def test_derived_settings_apply_to_every_demo_config_without_new_keys():
     for mixer in ('dinovim', 'vit', 'linearvit'):
         cfg = load_config(osp.join(root, f'dino_{mixer}-demo_1xb32-14e_embedded-64px.py'), opts)
         assert cfg.model.koleo_weight == PLAIN_KOLEO
+        assert cfg.model.teacher_temp == PLAIN_TEACHER_TEMP == cfg.model.warmup_teacher_temp
         assert cfg.train_dataloader.dataset.pipeline[1].local_crops_scale == (0.15, 0.5)
 
 
@@ -120,3 +123,4 @@ def test_the_embedded_data_keep_the_demo_config_settings(tmp_path):
     assert tuple(opts[PIPE + 'global_solarize_probs']) == tuple(crop.global_solarize_probs)
     assert PIPE + 'global_crops_scale' not in opts
     assert 'model.koleo_weight' not in opts and ref.model.koleo_weight == 0.
+    assert 'model.teacher_temp' not in opts

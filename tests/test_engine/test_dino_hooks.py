@@ -224,3 +224,33 @@ def test_to_host_keeps_types_and_values():
     assert [type(v) for v in out] == [float, int, float, bool, float, float]
     with pytest.raises(ValueError, match='one element'):
         to_host([torch.zeros(2)])
+
+
+def test_collapse_hint_names_the_runs_settings():
+    """The advice names the run's own teacher temperature and momentum, and suggests
+    Sinkhorn-Knopp centering only where the run does not use it already."""
+    from mmdinomamba.engine.hooks.dino_collapse_hook import collapse_hint
+    dino = tiny_dino()
+    for kind in ('uniform', 'one-dimension'):
+        assert 'Sinkhorn-Knopp' in collapse_hint(kind)  # no model: the plain hint
+        hint = collapse_hint(kind, dino)  # DINO's EMA centering
+        assert 'Sinkhorn-Knopp' in hint
+        assert 'teacher_temp = 0.04' in hint and 'momentum_teacher = 0.996' in hint
+        assert 'koleo_weight' not in hint
+    sk = MODELS.build(dict(
+        type='DINO', koleo_weight=1.0, teacher_temp=0.02, momentum_teacher=0.99,
+        loss=dict(type='DINOLoss', centering='sinkhorn_knopp'),
+        backbone=dict(type='ViT', arch=dict(embed_dims=16, num_layers=1, num_heads=2),
+                      img_size=16, patch_size=8),
+        head=dict(type='DINOHead', in_channels=16, out_channels=16, hidden_channels=16,
+                  bottleneck_channels=8)))
+    hint = collapse_hint('uniform', sk)
+    assert 'Sinkhorn-Knopp' not in hint and hint.startswith('The teacher output is ~uniform')
+    assert 'teacher_temp = 0.02, momentum_teacher = 0.99, koleo_weight = 1' in hint
+    # the monitor's error carries it
+    hook = DINOCollapseMonitorHook(patience=1)
+    hook.before_train(fake_runner(sk))
+    sig = _signals(synthetic_teacher('uniform'))
+    with pytest.raises(RuntimeError, match='The run has teacher_temp = 0.02') as err:
+        hook._check_collapse(0, 1, sig)
+    assert 'Sinkhorn-Knopp' not in str(err.value)

@@ -8,7 +8,7 @@ from mmpretrain.utils import get_ori_model
 
 from .device_scalars import logging_interval, read_due, to_host
 
-__all__ = ['DINOCollapseMonitorHook', 'collapse_kind']
+__all__ = ['DINOCollapseMonitorHook', 'collapse_kind', 'collapse_hint']
 
 
 NAN_HINT = ('Try: a lower learning rate or a longer warm-up, gradient clipping '
@@ -22,6 +22,28 @@ ONEHOT_HINT = ('Every image gets the same teacher output, dominated by a few pro
                '(sharpening dominates centering). Try: a higher teacher_temp, Sinkhorn-Knopp '
                "centering (model.loss.centering='sinkhorn_knopp'), a lower center_momentum in "
                'the loss (faster centering), a lower lr, or a larger batch.')
+
+
+_SINKHORN = "Sinkhorn-Knopp centering (model.loss.centering='sinkhorn_knopp'), "
+
+
+def collapse_hint(kind: str, model=None) -> str:
+    """What to try against a collapse of ``kind`` ('uniform' or 'one-dimension'): the hint
+    naming the DINO ``model``'s own settings where it has them (its teacher temperature, teacher
+    momentum and centering), and not suggesting Sinkhorn-Knopp centering where it is in use."""
+    hint = ONEHOT_HINT if kind == 'one-dimension' else UNIFORM_HINT
+    if model is None:
+        return hint
+    if getattr(getattr(model, 'dino_loss', None), 'centering', None) == 'sinkhorn_knopp':
+        hint = hint.replace(_SINKHORN, '')
+    temp = getattr(model, 'temp_cfg', {}).get('final_temp')
+    momentum = getattr(model, 'momentum_cfg', {}).get('base')
+    now = [f'{name} = {value:g}' for name, value in (('teacher_temp', temp),
+                                                    ('momentum_teacher', momentum))
+           if value is not None]
+    if getattr(model, 'koleo_weight', None):
+        now.append(f'koleo_weight = {model.koleo_weight:g}')
+    return hint + (f' (The run has {", ".join(now)}.)' if now else '')
 
 
 def collapse_kind(entropy: float, batch_entropy: float, log_k: float,
@@ -108,6 +130,7 @@ class DINOCollapseMonitorHook(Hook):
         self.interval, self._every = interval, 1
         self._streak, self._kind, self._since = 0, None, None
         self._pending: list = []
+        self._model = None
 
     def before_train(self, runner) -> None:
         if self.out_dim is None:
@@ -118,6 +141,7 @@ class DINOCollapseMonitorHook(Hook):
             self.out_dim = head.out_channels
         self._streak, self._kind, self._since = 0, None, None
         self._every, self._pending = logging_interval(runner, self.interval), []
+        self._model = get_ori_model(runner.model)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if outputs:
@@ -174,4 +198,4 @@ class DINOCollapseMonitorHook(Hook):
                 f'teacher output carries about the image; collapsed below '
                 f'{self.min_info_ratio}), prototypes_used = {used:.0f}, '
                 f'kl(teacher||student) = {signals.get("kl", float("nan")):.4g}. '
-                + (ONEHOT_HINT if kind == 'one-dimension' else UNIFORM_HINT))
+                + collapse_hint(kind, self._model))
