@@ -26,7 +26,8 @@ report. The rules (measured runs: docs/dino_small_scale.md):
   at the derived length the teacher still went uniform, from iteration 80-250 with a teacher
   temperature of 0.04 or 0.02, a halved lr or a slower teacher), and a sharper teacher,
   temperature :data:`PLAIN_TEACHER_TEMP`: the images' teacher outputs differ little on such
-  data, and at 0.04 the Sinkhorn-Knopp targets of nearly equal outputs are nearly uniform.
+  data, and at 0.04 the Sinkhorn-Knopp targets of nearly equal outputs are nearly uniform (our
+  reading of the signals).
 """
 import os.path as osp
 from typing import Dict, List, Tuple
