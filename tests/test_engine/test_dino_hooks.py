@@ -246,6 +246,9 @@ def test_collapse_hint_names_the_runs_settings():
                   bottleneck_channels=8)))
     hint = collapse_hint('uniform', sk)
     assert 'Sinkhorn-Knopp' not in hint and hint.startswith('The teacher output is ~uniform')
+    hint = collapse_hint('one-dimension', sk)
+    assert 'Sinkhorn-Knopp' not in hint and 'a lower center_momentum' in hint
+    hint = collapse_hint('uniform', sk)
     assert 'teacher_temp = 0.02, momentum_teacher = 0.99, koleo_weight = 1' in hint
     # the monitor's error carries it
     hook = DINOCollapseMonitorHook(patience=1)

@@ -26,7 +26,6 @@ import platform
 import threading
 import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ from torch import Tensor
 from ..switch import kernels_enabled
 
 __all__ = ['SOURCES', 'load', 'kernels', 'available', 'use_for', 'load_error',
-           'register_self_check', 'reference_graph']
+           'register_self_check']
 
 #: the kernels' sources: one concept a header, all compiled as the one translation unit of
 #: ``bindings.cpp`` (their shared inline helpers stay internal)
@@ -91,9 +90,9 @@ def load():
 
 
 def _module():
-    """The compiled module, built and checked once per process, whatever the switch says now:
-    the calls below run what a forward pass chose, and its backward pass must not be turned
-    away."""
+    """The compiled module, built and checked once per process, whatever the switch says now
+    (:func:`kernels` runs what a forward pass chose, and its backward pass must not be turned
+    away), or None."""
     with _lock:
         if 'module' not in _state:
             module, error = _build()

@@ -61,6 +61,7 @@ def _native_self_check() -> str | None:
                      native_cpu.SELF_CHECK_TOL)
     return None if error is None else f'chunked scan {error} against the reference'
 
+
 def ssd_scan_chunked_native(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                             D: Tensor | None, chunk_size: int) -> Tensor:
     """:func:`~mmdinomamba.ops.reference.ssd_scan_chunked` of float32 / float64 CPU tensors (one
