@@ -11,19 +11,17 @@
 from .bidir_conv_scan import bidir_conv_scan
 from .conv import bidir_causal_conv1d, causal_conv1d
 from .cpu import native_cpu
-from .cpu.cpu_allocator import keep_freed_cpu_memory
-from .cpu.ssd_quadratic import ssd_scan_quadratic
-from .mixer import bidir_ssd
+from .mixer import QUADRATIC_MAX_LEN, bidir_ssd, quadratic_max_len
 from .norm import RMSNorm, bidir_gated_merge, gated_rms_norm, rms_norm
 from .reference import (InnerDims, bidir_mixer_ref, ssd_decay_matrix, ssd_mixing_matrix,
                         ssd_scan_chunked, ssd_scan_ref)
-from .ssd import QUADRATIC_MAX_LEN, SSD_BACKENDS, quadratic_max_len, ssd_scan
+from .ssd import SSD_BACKENDS, ssd_scan
 from .switch import kernels_enabled, reference_ops
 
 __all__ = [
-    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_scan_quadratic',
-    'ssd_mixing_matrix', 'ssd_decay_matrix', 'gated_rms_norm', 'rms_norm', 'RMSNorm',
+    'ssd_scan', 'ssd_scan_ref', 'ssd_scan_chunked', 'ssd_mixing_matrix', 'ssd_decay_matrix',
+    'gated_rms_norm', 'rms_norm', 'RMSNorm',
     'causal_conv1d', 'bidir_causal_conv1d', 'bidir_conv_scan', 'bidir_gated_merge', 'bidir_ssd',
     'bidir_mixer_ref', 'InnerDims', 'reference_ops', 'kernels_enabled', 'SSD_BACKENDS',
-    'QUADRATIC_MAX_LEN', 'quadratic_max_len', 'keep_freed_cpu_memory', 'native_cpu'
+    'QUADRATIC_MAX_LEN', 'quadratic_max_len', 'native_cpu'
 ]

@@ -4,7 +4,7 @@ It picks, once per call and from static facts only (device, dtype, sizes, the sw
 at the data, so no host sync and no graph break), one path:
 
 * CPU, native kernels built, a norm weight, at most
-  :func:`~mmdinomamba.ops.ssd.quadratic_max_len` tokens: the ``mmdinomamba::bidir_ssd`` op
+  :func:`quadratic_max_len` tokens: the ``mmdinomamba::bidir_ssd`` op
   (:mod:`.cpu.custom_ops`; conv, quadratic scan and merge, and ``out_proj`` where it is a plain
   ``nn.Linear``);
 * CUDA with the kernels: the ops ``mmdinomamba::bidir_conv_scan`` (our conv kernel and
@@ -27,10 +27,22 @@ from .cuda import _triton
 from .norm import bidir_gated_merge
 from .reference.mixer import InnerDims, bidir_mixer_ref, direction_inputs
 from .reference.ssd_ref import ssd_scan_ref
-from .ssd import quadratic_max_len
 from .switch import kernels_enabled
 
-__all__ = ['bidir_ssd', 'plain_linear']
+__all__ = ['bidir_ssd', 'plain_linear', 'QUADRATIC_MAX_LEN', 'quadratic_max_len']
+
+#: Longest sequence the CPU op scans in the quadratic form for heads of 64 channels and 64
+#: states (half as long for smaller ones); longer ones use the chunked scan, whose work grows
+#: linearly with the length (measured crossover, fwd+bwd of a BiSSD layer, 2 threads: the
+#: quadratic form is 1.5x faster at 512 tokens and as fast at 785 for DinoVim-T's mixer).
+QUADRATIC_MAX_LEN = 512
+
+
+def quadratic_max_len(headdim: int, d_state: int) -> int:
+    """The longest sequence the CPU op scans in the quadratic form for heads of ``headdim``
+    channels and ``d_state`` states."""
+    return QUADRATIC_MAX_LEN if min(headdim, d_state) >= 64 else QUADRATIC_MAX_LEN // 2
+
 
 _HOOKS = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks')
 

@@ -3,41 +3,25 @@
 * ``'ref'``: the sequential recurrence (:func:`~mmdinomamba.ops.reference.ssd_scan_ref`, the
   specification; tests only);
 * CUDA (``'auto'`` or ``'triton'``): ``mamba_ssm``'s ``mamba_chunk_scan_combined``;
-* CPU (``'auto'`` or ``'torch'``), float32 / float64, with the native kernels: the quadratic form
-  (:func:`~mmdinomamba.ops.cpu.ssd_quadratic.ssd_scan_quadratic`) up to
-  :func:`quadratic_max_len` tokens, the native chunked scan beyond;
+* CPU (``'auto'`` or ``'torch'``), float32 / float64, with the native kernels: the native chunked
+  scan (:func:`~mmdinomamba.ops.cpu.ssd_chunked.ssd_scan_chunked_native`);
 * everything else, and everything inside :func:`~mmdinomamba.ops.reference_ops`: the chunked
   scan in PyTorch (:func:`~mmdinomamba.ops.reference.ssd_scan_chunked`).
 
-The form is chosen by the length alone (no look at the step sizes, so no host sync).
+The kernel is chosen by device and dtype alone (no look at the data, so no host sync).
 """
 import torch
 from torch import Tensor
 
 from .cpu import native_cpu
 from .cpu.ssd_chunked import ssd_scan_chunked_native
-from .cpu.ssd_quadratic import ssd_scan_quadratic
 from .cuda import _triton
 from .reference.ssd_chunked import PORTABLE_CHUNK_SIZE, ssd_scan_chunked
 from .reference.ssd_ref import check_ssd_shapes, ssd_scan_ref
 
-__all__ = ['ssd_scan', 'SSD_BACKENDS', 'QUADRATIC_MAX_LEN', 'quadratic_max_len']
+__all__ = ['ssd_scan', 'SSD_BACKENDS']
 
 SSD_BACKENDS = ('auto', 'torch', 'triton', 'ref')
-
-#: Longest sequence the CPU kernels compute in the quadratic form for heads of 64 channels and
-#: 64 states (half as long for smaller ones); longer ones use the chunked scan, whose work grows
-#: linearly with the length (measured crossovers, fwd+bwd of a BiSSD layer, 2 threads: the
-#: quadratic form is 1.5x faster at 512 tokens and as fast at 785 for DinoVim-T's mixer, 1.2x
-#: faster at 256 for heads of 16 channels and 16 states).
-QUADRATIC_MAX_LEN = 512
-
-
-def quadratic_max_len(headdim: int, d_state: int) -> int:
-    """The longest sequence the CPU kernels scan in the quadratic form for heads of ``headdim``
-    channels and ``d_state`` states."""
-    return QUADRATIC_MAX_LEN if min(headdim, d_state) >= 64 else QUADRATIC_MAX_LEN // 2
-
 
 def ssd_scan(x: Tensor,
              dt: Tensor,
@@ -77,7 +61,5 @@ def ssd_scan(x: Tensor,
         return y
     if backend != 'triton' and x.dtype in (torch.float32, torch.float64) and native_cpu.use_for(x):
         args = [None if t is None else t.to(x.dtype) for t in (x, dt, A, B, C, D)]
-        if x.shape[1] <= quadratic_max_len(x.shape[-1], B.shape[-1]):
-            return ssd_scan_quadratic(*args)
         return ssd_scan_chunked_native(*args, chunk_size=PORTABLE_CHUNK_SIZE)
     return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=PORTABLE_CHUNK_SIZE)

@@ -247,7 +247,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
 
 def keep_freed_memory_on_cpu() -> bool:
     """On a machine without CUDA, let the process keep freed CPU memory for reuse
-    (:func:`~mmdinomamba.ops.keep_freed_cpu_memory`): eager CPU training allocates the same
+    (:func:`~mmdinomamba.utils.cpu_memory.keep_freed_cpu_memory`): eager CPU training allocates the same
     large temporaries every step, and glibc otherwise hands them back to the system and pays
     page faults to get them again. The demo model's DINO step measured 1.25x faster with it
     (``tools/analysis/benchmark.py --modes dino`` with and without ``--keep-freed-memory``);
@@ -258,7 +258,7 @@ def keep_freed_memory_on_cpu() -> bool:
     """
     if torch.cuda.is_available() or os.environ.get('MMDINOMAMBA_KEEP_FREED_MEMORY', '1') == '0':
         return False
-    from mmdinomamba.ops import keep_freed_cpu_memory
+    from mmdinomamba.utils.cpu_memory import keep_freed_cpu_memory
     return keep_freed_cpu_memory()
 
 

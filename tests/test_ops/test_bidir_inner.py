@@ -51,7 +51,7 @@ def test_batch_slices_are_near_equal_and_within_the_bound(batch, length, limit, 
     assert all(a.stop == b.start for a, b in zip(slices, slices[1:]))
 
 
-SMALL_HEADS = dict(d_state=16, headdim=16)  # the demo's: scanned by the recurrence
+SMALL_HEADS = dict(d_state=16, headdim=16)  # the demo's heads
 
 
 @pytest.mark.parametrize('kw', [dict(), dict(rmsnorm=False), dict(ngroups=2), dict(

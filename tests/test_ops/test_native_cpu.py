@@ -146,7 +146,7 @@ def test_scan_factors_equal_the_composition(dtype, tol):
     bias = torch.randn(2, 5, generator=gen, dtype=dtype)
     A = -torch.rand(2, 5, generator=gen, dtype=dtype) * 2
     A[:, 0] = -50.
-    got = kernels().scan_factors(raw, bias, A, FACTORED_RANGE, True)
+    got = kernels().scan_factors(raw, bias, A, FACTORED_RANGE)
     dt = F.softplus(raw.transpose(1, 2).unsqueeze(1) + bias[..., None])
     want = [dt, *_factors(dt, A)]
     assert got[4][:, :, 0].all() and not got[4].all()  # both kinds of heads
@@ -159,9 +159,9 @@ def test_scan_factors_equal_the_composition(dtype, tol):
 def test_scan_factors_bad_input_is_named():
     raw, p = torch.randn(2, 9, 4), torch.randn(2, 4)
     with pytest.raises(RuntimeError, match='raw must be a \\(b, L, C\\)'):
-        kernels().scan_factors(raw.transpose(1, 2), p, p, 100., True)
+        kernels().scan_factors(raw.transpose(1, 2), p, p, 100.)
     with pytest.raises(RuntimeError, match='dt_bias and A must be contiguous \\(2, h\\)'):
-        kernels().scan_factors(raw, torch.randn(2, 5), p, 100., True)
+        kernels().scan_factors(raw, torch.randn(2, 5), p, 100.)
 
 
 def _merge_reference(y, z, w, dm, groups):
@@ -174,12 +174,22 @@ def _merge_reference(y, z, w, dm, groups):
     return [out.detach(), *torch.autograd.grad(out, leaves, dm)]
 
 
+def _merge_backward(dm, y, z, w, groups, eps, dz, out):
+    """The merge's backward kernel for an explicit ``y`` (b, 2, d, L): ``merge_backward_scan``
+    of the scan state ``ys = y``, ``row = 1``, ``diag = 0`` (one head of d channels)."""
+    ys = y.unflatten(2, (1, -1))
+    plane = y.new_ones(y.shape[0], 2, 1, y.shape[-1])
+    return kernels().merge_backward_scan(dm, ys, plane, torch.zeros_like(ys), 0 * plane,
+                                         torch.zeros(plane.shape[:3], dtype=torch.bool), None, z,
+                                         w, groups, eps, dz, out)
+
+
 def _merge_both(y, z, w, dm, groups):
     """Output, dy, dz, dweight and the output as the backward pass rebuilds it, of the native
     merge, and the reference's (its output again in the last place)."""
     out, dz, again = (torch.full(dm.shape, float('nan'), dtype=y.dtype) for _ in range(3))
     kernels().merge_forward(y, z, w, groups, 1e-5, out)
-    dy, dweight = kernels().merge_backward(dm, y, z, w, groups, 1e-5, dz, again)
+    dy, dweight = _merge_backward(dm, y, z, w, groups, 1e-5, dz, again)
     want = _merge_reference(y, z, w, dm, groups)
     return [out, dy, dz, dweight, again], [want[0], want[1], want[2], want[3], want[0]]
 
@@ -211,7 +221,7 @@ def test_merge_writes_into_views_of_the_projections():
     torch.testing.assert_close(buf[..., 10:42], want, rtol=1e-5, atol=1e-5)
     assert (buf[..., :10] == 0).all() and (buf[..., 42:] == 0).all()
     grad, again = torch.zeros(2, 70, 50), torch.zeros(2, 70, 40)
-    kernels().merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35], again[..., 4:36])
+    _merge_backward(dm, y, z, w, 1, 1e-5, grad[..., 3:35], again[..., 4:36])
     assert (grad[..., :3] == 0).all() and (grad[..., 35:] == 0).all()
     torch.testing.assert_close(again[..., 4:36], want, rtol=1e-5, atol=1e-5)
     assert (again[..., :4] == 0).all() and (again[..., 36:] == 0).all()
@@ -237,12 +247,11 @@ def test_merge_bad_input_is_named():
     with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\)'):
         kernels().merge_forward(y, z, w, 1, 1e-5, out.transpose(1, 2).contiguous())
     with pytest.raises(RuntimeError, match=r'dm must be a \(b, L, C\)'):
-        kernels().merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out, None)
+        _merge_backward(torch.randn(2, 4, 8), y, z, w, 1, 1e-5, out, None)
     with pytest.raises(RuntimeError, match=r'dz must be a \(b, L, C\)'):
-        kernels().merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2], None)
+        _merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out[..., ::2], None)
     with pytest.raises(RuntimeError, match=r'out must be a \(b, L, C\) = \(2, 5, 8\)'):
-        kernels().merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out,
-                                 torch.empty(2, 5, 7))
+        _merge_backward(torch.randn(2, 5, 8), y, z, w, 1, 1e-5, out, torch.empty(2, 5, 7))
 
 
 def _scan_output_operands(dtype, gen, shape=(3, 2, 4, 5, 70)):
@@ -266,7 +275,8 @@ def _scan_output_operands(dtype, gen, shape=(3, 2, 4, 5, 70)):
 @pytest.mark.parametrize('groups', [1, 4])
 def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, groups):
     """The merge's backward pass with ``y`` rebuilt inside (``ys row + x diag``, plus the wide
-    heads' parts in their order) == the scan's output written first, then ``merge_backward``;
+    heads' parts in their order) == the scan's output written first, then the merge's backward
+    pass of it;
     ``out`` too."""
     x, ys, row, diag, wide, parts, dm, z, nw = _scan_output_operands(
         dtype, torch.Generator().manual_seed(groups))
@@ -274,8 +284,7 @@ def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, gro
     y = _scan_output(ys, row, x, diag)
     y.transpose(0, 1)[wide.transpose(0, 1)] += parts  # by direction, then sample, then head
     dz, out = torch.empty_like(dm), torch.empty_like(dm)
-    want = [*kernels().merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz,
-            out]
+    want = [*_merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, out), dz, out]
     dz2, out2 = torch.full_like(dm, float('nan')), torch.full_like(dm, float('nan'))
     got = [*kernels().merge_backward_scan(dm, ys, row, x, diag, wide, parts, z, nw, groups,
                                           1e-5, dz2, out2), dz2, out2]
@@ -284,7 +293,7 @@ def test_merge_backward_of_the_scan_state_equals_the_composition(dtype, tol, gro
     # no wide head: no parts needed
     none = torch.zeros_like(wide)
     y = _scan_output(ys, row, x, diag)
-    want = kernels().merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, None)[0]
+    want = _merge_backward(dm, y.flatten(2, 3), z, nw, groups, 1e-5, dz, None)[0]
     got = kernels().merge_backward_scan(dm, ys, row, x, diag, none, None, z, nw, groups, 1e-5,
                                         dz2, None)[0]
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
@@ -530,11 +539,11 @@ def test_results_do_not_depend_on_the_thread_count():
         merged = torch.empty(6, 70, 32)
         kernels().merge_forward(y, z, nw, 2, 1e-5, merged)
         return [*kernels().scan_factors(xc[..., :8], b[:, :8].contiguous(),
-                                         -w[:, :8, 0].abs() * 9, 100., True),
+                                        -w[:, :8, 0].abs() * 9, 100.),
                 kernels().conv_silu_forward(xc, w, b),
                 *kernels().conv_silu_backward([dact], xc, w, b, dx), dx,
                 merged,
-                *kernels().merge_backward(dm, y, z, nw, 2, 1e-5, dz, None), dz,
+                *_merge_backward(dm, y, z, nw, 2, 1e-5, dz, None), dz,
                 qy, *scan_backward(qdy, qx, qdt, qA, qB, qC, st, True),
                 *kernels().merge_backward_scan(mdm, mys, mrow, mx, mdiag, mwide, mparts, mz,
                                                mnw, 2, 1e-5, mdz, mout), mdz, mout,
@@ -596,7 +605,7 @@ def test_fast_path_uses_them_and_equals_the_reference(monkeypatch, length):
         m.A_log_b.zero_()
     x = torch.randn(3, length, 32, dtype=torch.float64)
     calls = _record(monkeypatch, ('conv_silu_forward', 'conv_silu_backward', 'merge_forward',
-                                  'merge_backward', 'merge_backward_scan', 'column_products',
+                                  'merge_backward_scan', 'column_products',
                                   'masked_outer', 'products_forward', 'products_backward'))
     native = _grads(m, x)
     # forward (the conv's output kept); the scan's output rebuilt in the backward pass inside
@@ -695,7 +704,7 @@ def _rebuilt_with(monkeypatch, replace: dict) -> None:
 
 @pytest.mark.parametrize('broken', ['conv_silu_backward', 'merge_forward', 'wide_forward',
                                     'wide_backward', 'products_forward', 'products_backward',
-                                    'chunk_scan_backward', 'recurrent_scan_backward',
+                                    'chunk_scan_backward', 'merge_backward_scan',
                                     'scan_factors'])
 def test_kernels_that_fail_their_self_check_are_not_used(monkeypatch, broken):
     # a kernel 1% off (as a miscompiled one might be): one warning, the reference runs
@@ -729,7 +738,7 @@ def test_a_self_check_that_raises_fails(monkeypatch):
             raise RuntimeError('native merge: z must be a (b, L, d) tensor')
         return run
 
-    _rebuilt_with(monkeypatch, {'merge_backward': rejects})
+    _rebuilt_with(monkeypatch, {'merge_backward_scan': rejects})
     with pytest.warns(UserWarning, match='failed their self-check'):
         assert not native_cpu.available()
     assert native_cpu.load_error().startswith('RuntimeError: native merge')

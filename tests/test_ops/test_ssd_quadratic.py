@@ -5,12 +5,49 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from mmdinomamba.ops import ssd, ssd_scan, ssd_scan_quadratic, ssd_scan_ref
+from mmdinomamba.ops import ssd_scan, ssd_scan_ref
 from mmdinomamba.ops.cpu.ssd_quadratic import (FACTORED_RANGE, block_bounds, scan_backward,
                                                 scan_forward)
 
 from test_ssd_scan import (HEADS, HEADDIM, assert_float32_close_to_float64, assert_float64_exact,
                            make_inputs, rel_err)
+
+
+def _planes(t):
+    """(b, L, h, p) -> one causal direction (b, 1, h, p, L) of the kernels' layout."""
+    return t.permute(0, 2, 3, 1).unsqueeze(1).contiguous()
+
+
+def _tokens(t):
+    return t.squeeze(1).permute(0, 3, 1, 2)
+
+
+def _kernel_layout(x, dt, A, B, C, D):
+    return (_planes(x), dt.transpose(1, 2).unsqueeze(1).contiguous(), A.unsqueeze(0), _planes(B),
+            _planes(C), None if D is None else D.unsqueeze(0))
+
+
+class _QuadraticSSD(torch.autograd.Function):
+    """One causal direction of the quadratic form (scan_forward / scan_backward) on the
+    token-major operands of ``ssd_scan``; recomputes its state in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D):
+        ctx.save_for_backward(x, dt, A, B, C, D)
+        return _tokens(scan_forward(*_kernel_layout(x, dt, A, B, C, D))[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, dt, A, B, C, D = ctx.saved_tensors
+        ins = _kernel_layout(x, dt, A, B, C, D)
+        st = scan_forward(*ins)[1]
+        dx, ddt, dA, dB, dC, dD = scan_backward(_planes(dy), *ins[:5], st, D is not None)
+        return (_tokens(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _tokens(dB), _tokens(dC),
+                None if dD is None else dD[0])
+
+
+def ssd_scan_quadratic(x, dt, A, B, C, D=None):
+    return _QuadraticSSD.apply(x, dt, A, B, C, D)
 
 
 def gentle_inputs(length, groups=1, batch=2, seed=0, dtype=torch.float32):
@@ -131,35 +168,15 @@ def test_scattered_wide_heads_equal_the_recurrence(dtype, tol, length):
         assert rel_err(a, w) <= tol, name
 
 
-def test_the_length_alone_picks_the_form(monkeypatch):
-    """Up to ``quadratic_max_len`` tokens the quadratic form, whatever the decay (no look at the
-    step sizes: no host sync); beyond it the chunked scan; both exact."""
+def test_ssd_scan_runs_the_native_chunked_scan_on_cpu():
+    """Whatever the length and decay, the CPU ``ssd_scan`` runs the native chunked scan (no look
+    at the step sizes: no host sync), exact to the recurrence and to the quadratic form."""
     args = gentle_inputs(100, seed=12)
     strong = [args[0], args[1] * 300.0, *args[2:]]  # every head decays too fast to factor
     want = ssd_scan_ref(*(t.double() for t in strong))
-    with patch('mmdinomamba.ops.ssd.ssd_scan_chunked_native', side_effect=AssertionError):
-        quadratic = ssd_scan(*strong, backend='torch')
-    monkeypatch.setattr(ssd, 'quadratic_max_len', lambda *sizes: 99)
-    with patch('mmdinomamba.ops.ssd.ssd_scan_quadratic', side_effect=AssertionError):
-        chunked = ssd_scan(*strong, backend='torch')
-    assert rel_err(chunked, want) <= 1e-5 and rel_err(quadratic, want) <= 1e-5
-
-
-def test_ssd_scan_picks_the_quadratic_form_for_short_sequences(monkeypatch):
-    args = make_inputs(40, seed=7)
-    want = ssd_scan_quadratic(*args)
-    torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=0, atol=0)
-    monkeypatch.setattr(ssd, 'quadratic_max_len', lambda *sizes: 0)  # the chunked scan
-    torch.testing.assert_close(ssd_scan(*args, backend='torch'), want, rtol=1e-5, atol=1e-5)
-
-
-def test_half_precision_is_computed_in_float32():
-    args = gentle_inputs(50, seed=8)
-    want = ssd_scan_quadratic(*args)
-    got = ssd_scan_quadratic(*(t.bfloat16() for t in args))
-    assert got.dtype == torch.bfloat16 and rel_err(got, want) < 2e-2
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        torch.testing.assert_close(ssd_scan_quadratic(*args), want, rtol=0, atol=0)
+    with patch('mmdinomamba.ops.ssd.ssd_scan_chunked', side_effect=AssertionError):
+        got = ssd_scan(*strong, backend='torch')
+    assert rel_err(got, want) <= 1e-5 and rel_err(ssd_scan_quadratic(*strong), want) <= 1e-5
 
 
 def test_strong_decay_stays_finite():

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmdinomamba.ops import ssd, ssd_mixing_matrix, ssd_scan, ssd_scan_chunked, ssd_scan_ref
+from mmdinomamba.ops import ssd_mixing_matrix, ssd_scan, ssd_scan_chunked, ssd_scan_ref
 from mmdinomamba.ops.cpu.ssd_chunked import ssd_scan_chunked_native
 from mmdinomamba.ops.reference import PORTABLE_CHUNK_SIZE
 
@@ -148,16 +148,12 @@ def test_mixing_matrix_reproduces_scan():
 
 
 def test_two_problems_as_extra_heads_and_groups():
-    """Stacking two scans along heads (2x groups) equals two separate scans (BiSSD layout), in
-    either portable form (the calls could otherwise pick different forms: their shares of
-    strongly decaying heads differ)."""
+    """Stacking two scans along heads (2x groups) equals two separate scans (BiSSD layout)."""
     p1, p2 = make_inputs(50, seed=5), make_inputs(50, seed=6)
     stacked = [torch.cat([a, b], dim=2 if a.dim() > 2 else 0) for a, b in zip(p1, p2)]
-    for max_len in (0, 64):  # chunked, quadratic
-        with patch.object(ssd, 'quadratic_max_len', lambda *sizes: max_len):
-            got = ssd_scan(*stacked, backend='torch')
-            torch.testing.assert_close(got[:, :, :HEADS], ssd_scan(*p1, backend='torch'))
-            torch.testing.assert_close(got[:, :, HEADS:], ssd_scan(*p2, backend='torch'))
+    got = ssd_scan(*stacked, backend='torch')
+    torch.testing.assert_close(got[:, :, :HEADS], ssd_scan(*p1, backend='torch'))
+    torch.testing.assert_close(got[:, :, HEADS:], ssd_scan(*p2, backend='torch'))
 
 
 def test_backends_agree_on_cpu_and_triton_falls_back():

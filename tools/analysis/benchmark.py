@@ -440,8 +440,8 @@ def parse_args(argv=None):
                         help='DinoVim/MambaReg: SSD chunk size of the Triton scan (default 256, as '
                         'the official models; the result changes only by rounding)')
     parser.add_argument('--keep-freed-memory', action='store_true',
-                        help='CPU: let glibc keep freed blocks for reuse '
-                        '(mmdinomamba.ops.keep_freed_cpu_memory) in every measured process')
+                        help='CPU: let glibc keep freed blocks for reuse (mmdinomamba.utils.'
+                        'cpu_memory.keep_freed_cpu_memory) in every measured process')
     parser.add_argument('--with-cp', action='store_true',
                         help='activation checkpointing per block (memory for speed)')
     parser.add_argument('--ref', choices=list(ARCHS),
@@ -468,7 +468,7 @@ def main(argv=None) -> None:
     # in this process: the one case measured, or the interleaved rounds
     if args.keep_freed_memory and (args.one or args.profile or args.breakdown
                                    or args.interleave):
-        from mmdinomamba.ops import keep_freed_cpu_memory
+        from mmdinomamba.utils.cpu_memory import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     if args.profile:
         print(profile(args))

@@ -21,8 +21,6 @@ Implementations:
   (re-written here): per-head B/C, L padded to a multiple of the block, 5-D einsums and a
   (chunks+1)^2 segsum for the state passing; autograd for the backward;
 * ``triton`` (CUDA only): ``mamba_chunk_scan_combined`` when mamba_ssm imports;
-* with ``--quadratic``: ``quadratic``, the quadratic ("attention-like") form of the CPU kernels
-  for short sequences (``mmdinomamba.ops.ssd_scan_quadratic``, one causal direction).
 
 Inputs: batch 1, ``--heads`` heads of 64 channels, state 64, one group; ``dt = softplus(N(-2, 1))``
 (median 0.13), ``A = -U(1, 16)`` (the Mamba-2 init range), so decays span gentle to strong.
@@ -87,9 +85,6 @@ def _inputs(length, heads, device, seed=0):
 
 
 def _impl(name):
-    if name.startswith('quadratic'):
-        from mmdinomamba.ops import ssd_scan_quadratic
-        return ssd_scan_quadratic
     if name in ('portable', 'triton'):
         from mmdinomamba.ops import ssd_scan
         backend = 'torch' if name == 'portable' else 'triton'
@@ -106,7 +101,7 @@ def worker(case):
 def _measure(case):
     torch.set_num_threads(case['threads'])
     if case.get('keep_freed_memory'):
-        from mmdinomamba.ops import keep_freed_cpu_memory
+        from mmdinomamba.utils.cpu_memory import keep_freed_cpu_memory
         keep_freed_cpu_memory()
     device, cuda = case['device'], case['device'] == 'cuda'
     fn, args = _impl(case['impl']), _inputs(case['length'], case['heads'], device)
@@ -170,10 +165,8 @@ def main():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--keep-freed-memory', action='store_true',
                         help='CPU: let glibc keep freed blocks for reuse in every measured process '
-                        '(mmdinomamba.ops.keep_freed_cpu_memory, as tools/train.py does on CPU)')
-    parser.add_argument('--quadratic', action='store_true',
-                        help='also measure the quadratic form, with and without its '
-                        'triangle blocks (for short sequences, e.g. --lengths 197 512)')
+                        '(mmdinomamba.utils.cpu_memory.keep_freed_cpu_memory, as tools/train.py '
+                        'does on CPU)')
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -191,7 +184,6 @@ def report(device, args):
     """Run and print all cases of one device."""
     impls = ['portable'] + [f'minimal-{b}' for b in args.ref_blocks]
     impls += ['triton'] if device == 'cuda' else []
-    impls += ['quadratic'] if args.quadratic else []
     print(f'\nSSD scan, batch 1, {args.heads} heads x 64, state 64, device {device}, '
           f'threads {args.threads}, keep freed memory {args.keep_freed_memory}; peak = ' +
           ('CUDA max_memory_allocated growth' if device == 'cuda' else 'ru_maxrss growth'))

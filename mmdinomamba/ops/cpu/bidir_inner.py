@@ -2,16 +2,14 @@
 
 From the ``in_proj`` output ``[z, x, B, C, dt]`` to the input of ``out_proj`` (or, given its
 weight, to its output): both directions' causal conv + SiLU, both directions' SSD scan in the
-quadratic form (:mod:`.ssd_quadratic`; heads of 16 channels with 16 states by their recurrence,
-``csrc/recurrent.h``), each direction's gated RMSNorm and their average, all in the native
-kernels (:mod:`.native_cpu`), one path. Everything runs channel-major in the original token
-order (the backward direction is anti-causal there), so nothing is flipped, concatenated or
-normalized twice, and the backward pass is written by hand: it keeps the projection, the conv's
-output, the scan's product and small state, and recomputes the rest (the scan's per-head
-matrices are cheaper to rebuild than to keep; the quadratic form's output is rebuilt tile by
-tile inside the merge's backward kernel; the recurrence keeps its output alone and recomputes
-its states; with ``out_proj`` inside, the merged output is rebuilt by the merge's backward
-pass).
+quadratic form (:mod:`.ssd_quadratic`), each direction's gated RMSNorm and their average, all
+in the native kernels (:mod:`.native_cpu`), one path. Everything runs channel-major in the
+original token order (the backward direction is anti-causal there), so nothing is flipped,
+concatenated or normalized twice, and the backward pass is written by hand: it keeps the
+projection, the conv's output, the scan's product and small state, and recomputes the rest (the
+scan's per-head matrices are cheaper to rebuild than to keep; the quadratic form's output is
+rebuilt tile by tile inside the merge's backward kernel; with ``out_proj`` inside, the merged
+output is rebuilt by the merge's backward pass).
 
 Its specification is :func:`~mmdinomamba.ops.reference.bidir_mixer_ref` (with a norm weight);
 the tests and the self-check compare outputs and every gradient. :mod:`.custom_ops` registers
@@ -29,9 +27,6 @@ from .native_cpu import kernels
 from .ssd_quadratic import FACTORED_RANGE, ScanState, scan_backward, scan_forward
 
 __all__ = ['forward', 'backward', 'kept_layout', 'SLICE_FLOATS']
-
-#: the head sizes (states, channels) the recurrence kernel takes (``csrc/recurrent.h``)
-RECURRENT_HEADS = (16, 16)
 
 #: the most conv outputs (both directions) one batch slice of the CPU fast path works on at once
 SLICE_FLOATS = 1 << 21
@@ -51,11 +46,6 @@ def _split_conv(act: Tensor, dims: InnerDims) -> tuple[Tensor, Tensor, Tensor]:
             act[:, :, d + gn:].unflatten(2, (dims.ngroups, -1)))
 
 
-def _use_recurrent(dims: InnerDims) -> bool:
-    """Whether the scan runs by the recurrence (heads it takes) instead of the quadratic form."""
-    return (dims.d_state, dims.headdim) == RECURRENT_HEADS
-
-
 def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
                    dims: InnerDims, out: Tensor | None = None) -> tuple[Tensor, list]:
     """Mixed output (b, L, d) in the compute dtype (written into ``out`` if that has it) and
@@ -66,20 +56,14 @@ def _inner_forward(proj, conv_weight, conv_bias, dt_bias, A, D, norm_weight,
     u, Bm, Cm = _split_conv(act, dims)
     raw = _tokens(proj[..., -dims.nheads:], ct)
     with record_function('bidir_ssd.scan'):
-        if _use_recurrent(dims):  # keeps its output alone
-            dt = kernels().scan_factors(raw, dt_bias.to(ct), A.to(ct), 0., False)[0]
-            y = kernels().recurrent_scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct))
-        else:  # dt and the scan's factors in one pass
-            dt, *factors = kernels().scan_factors(raw, dt_bias.to(ct), A.to(ct), FACTORED_RANGE,
-                                                  True)
-            y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), factors)
+        # dt and the scan's factors in one pass
+        dt, *factors = kernels().scan_factors(raw, dt_bias.to(ct), A.to(ct), FACTORED_RANGE)
+        y, st = scan_forward(u, dt, A.to(ct), Bm, Cm, D.to(ct), factors)
     with record_function('bidir_ssd.merge'):
         if out is None or out.dtype != ct:
             out = proj.new_empty(proj.shape[0], proj.shape[1], dims.d_inner, dtype=ct)
         kernels().merge_forward(y.flatten(2, 3), _tokens(proj[..., :dims.d_inner], ct),
                                 norm_weight.to(ct), dims.ngroups, dims.eps, out)
-    if _use_recurrent(dims):
-        return out, [dt, y, act]
     # keep the scan's (b, R, g, r p, L) product (the wide heads' parts in their slots, which
     # the product leaves unused) and its small state, and the conv's output: a layout fixed by
     # the sizes, whatever the data
@@ -122,29 +106,20 @@ def _inner_backward(dout: Tensor, proj: Tensor, params: list, kept: list, dims: 
     (for the output projection's weight gradient)."""
     conv_weight, conv_bias, dt_bias, A, D, norm_weight = params
     dt, *st, act = kept
-    recurrent = len(st) == 1  # the recurrence's output, or the quadratic form's state
     ct, (d, c) = dt.dtype, (dims.d_inner, dims.conv_dim)
     u, Bm, Cm = _split_conv(act, dims)
-    st = st[0] if recurrent else ScanState(*st, _load_wide(st[-1].view(u.shape), st[3]))
+    st = ScanState(*st, _load_wide(st[-1].view(u.shape), st[3]))
     # the kernels write their parts of the gradient straight into it, in the compute dtype
     grad = dproj if dproj.dtype == ct else torch.empty(dproj.shape, dtype=ct)
     dm, z, dz = _tokens(dout, ct), _tokens(proj[..., :d], ct), grad[..., :d]
     weight = norm_weight.to(ct)
-    with record_function('bidir_ssd.merge'):
-        if recurrent:
-            dy, dnorm = kernels().merge_backward(dm, st.flatten(2, 3), z, weight, dims.ngroups,
-                                                 dims.eps, dz, mixed)
-        else:  # the scan's output rebuilt tile by tile inside the kernel, never written whole
-            dy, dnorm = kernels().merge_backward_scan(
-                dm, st.ys.view(u.shape), st.row, u, st.diag, st.wide, st.y_wide, z, weight,
-                dims.ngroups, dims.eps, dz, mixed)
+    with record_function('bidir_ssd.merge'):  # the scan's output rebuilt tile by tile inside
+        dy, dnorm = kernels().merge_backward_scan(  # the kernel, never written whole
+            dm, st.ys.view(u.shape), st.row, u, st.diag, st.wide, st.y_wide, z, weight,
+            dims.ngroups, dims.eps, dz, mixed)
     dy = dy.unflatten(2, (-1, dims.headdim))
     with record_function('bidir_ssd.scan'):
-        if recurrent:
-            du, ddt, dA, dB, dC, dD = kernels().recurrent_scan_backward(dy, u, dt, A.to(ct), Bm,
-                                                                        Cm, D.to(ct))
-        else:
-            du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True)
+        du, ddt, dA, dB, dC, dD = scan_backward(dy, u, dt, A.to(ct), Bm, Cm, st, True)
     with record_function('bidir_ssd.conv'):  # the kernel reads the parts; dx: a view of grad
         dweight, *dbias = kernels().conv_silu_backward(
             [du.flatten(2, 3), dB.flatten(2, 3), dC.flatten(2, 3)],
@@ -178,9 +153,6 @@ def kept_layout(proj_shape, dims: InnerDims) -> list[tuple]:
     for sl in _batch_slices(torch.empty(proj_shape, device='meta'), dims):
         b = sl.stop - sl.start
         plane, act = ((b, 2, h, length), 'ct'), ((b, 2, c, length), 'ct')
-        if _use_recurrent(dims):
-            layout += [plane, ((b, 2, h, p, length), 'ct'), act]
-            continue
         layout += [plane, ((b, 2, h, length), 'f64'), plane, plane, ((b, 2, h), 'bool'),
                    ((b, 2, g, length, length), 'ct'), ((b, 2, g, length), 'ct'), plane,
                    ((b, 2, g, h // g * p, length), 'ct'), act]
@@ -236,39 +208,36 @@ def backward(dres: Tensor, proj: Tensor, params: list, out_weight: Tensor | None
 @native_cpu.register_self_check
 def _native_self_check() -> str | None:
     """Small forward and backward passes (conv, quadratic scan with factored and strongly
-    decaying heads, merge; the recurrence for heads of 16 channels with 16 states) in the
-    native kernels, in float32 and float64, against the float64 reference
-    (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref` with the scan ``y = M x`` of the mixing
-    matrices, and autograd); returns what differs by more than ``native_cpu.SELF_CHECK_TOL``,
-    or None. A compiler that builds the kernels wrongly (flags, a new CPU) then costs speed,
-    not results. About 50 ms on two cores, once per process."""
+    decaying heads, merge) in the native kernels, in float32 and float64, against the float64
+    reference (:func:`~mmdinomamba.ops.reference.bidir_mixer_ref` with the scan ``y = M x`` of
+    the mixing matrices, and autograd); returns what differs by more than
+    ``native_cpu.SELF_CHECK_TOL``, or None. A compiler that builds the kernels wrongly (flags, a
+    new CPU) then costs speed, not results. About 50 ms on two cores, once per process."""
     from ..reference import bidir_mixer_ref, ssd_scan_quadratic_ref
     gen = torch.Generator().manual_seed(0)
     names = ['output', 'd proj', 'd conv weight', 'd conv bias', 'd dt_bias', 'd A', 'd D',
              'd norm weight']
-    for size in (8, 16):  # the quadratic form; the recurrence
-        dims = InnerDims(d_inner=4 * size, ngroups=2, d_state=size, headdim=size, kernel=4)
-        b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
-        proj = torch.randn(b, length, dims.d_inner + c + h, generator=gen, dtype=torch.float64)
-        params = [torch.randn(2, c, dims.kernel, generator=gen, dtype=torch.float64) / 2,
-                  torch.randn(2, c, generator=gen, dtype=torch.float64) / 10,
-                  # direction 0's first head decays ~50 per token: computed one by one
-                  torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]], dtype=torch.float64),
-                  -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]], dtype=torch.float64),
-                  torch.randn(2, h, generator=gen, dtype=torch.float64),
-                  1 + torch.randn(2, dims.d_inner, generator=gen, dtype=torch.float64)]
-        dout = torch.randn(b, length, dims.d_inner, generator=gen, dtype=torch.float64)
-        with reference_graph():
-            leaves = [t.clone().requires_grad_() for t in (proj, *params)]
-            out = bidir_mixer_ref(*leaves, dims, ssd_scan_quadratic_ref)
-            want = [out.detach(), *torch.autograd.grad(out, leaves, dout)]
-        with torch.no_grad(), torch.autocast('cpu', enabled=False):
-            for dtype in (torch.float32, torch.float64):
-                ins = [t.to(dtype) for t in (proj, *params, dout)]
-                out, kept = forward(ins[0], ins[1:7], None, None, dims)
-                got = [out, *backward(ins[7], ins[0], ins[1:7], None, False, kept, dims)[:7]]
-                error = mismatch(names, got, want, native_cpu.SELF_CHECK_TOL)
-                if error is not None:
-                    return (f'bidirectional mixer {error} against the reference ({dtype}, '
-                            f'heads of {size} channels)')
+    dims = InnerDims(d_inner=32, ngroups=2, d_state=8, headdim=8, kernel=4)
+    b, length, h, c = 2, 40, dims.nheads, dims.conv_dim
+    proj = torch.randn(b, length, dims.d_inner + c + h, generator=gen, dtype=torch.float64)
+    params = [torch.randn(2, c, dims.kernel, generator=gen, dtype=torch.float64) / 2,
+              torch.randn(2, c, generator=gen, dtype=torch.float64) / 10,
+              # direction 0's first head decays ~50 per token: computed one by one
+              torch.tensor([[0., -3., -3., -3.], [-3., -3., -3., -3.]], dtype=torch.float64),
+              -torch.tensor([[50., 1., 2., 4.], [1., 2., 4., 8.]], dtype=torch.float64),
+              torch.randn(2, h, generator=gen, dtype=torch.float64),
+              1 + torch.randn(2, dims.d_inner, generator=gen, dtype=torch.float64)]
+    dout = torch.randn(b, length, dims.d_inner, generator=gen, dtype=torch.float64)
+    with reference_graph():
+        leaves = [t.clone().requires_grad_() for t in (proj, *params)]
+        out = bidir_mixer_ref(*leaves, dims, ssd_scan_quadratic_ref)
+        want = [out.detach(), *torch.autograd.grad(out, leaves, dout)]
+    with torch.no_grad(), torch.autocast('cpu', enabled=False):
+        for dtype in (torch.float32, torch.float64):
+            ins = [t.to(dtype) for t in (proj, *params, dout)]
+            out, kept = forward(ins[0], ins[1:7], None, None, dims)
+            got = [out, *backward(ins[7], ins[0], ins[1:7], None, False, kept, dims)[:7]]
+            error = mismatch(names, got, want, native_cpu.SELF_CHECK_TOL)
+            if error is not None:
+                return f'bidirectional mixer {error} against the reference ({dtype})'
     return None

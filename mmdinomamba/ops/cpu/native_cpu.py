@@ -2,9 +2,9 @@
 whose functions ``csrc/bindings.cpp`` lists and the headers document.
 
 The kernels do the bidirectional mixer's element-wise work (both directions' conv + SiLU, the
-gated merge), the quadratic SSD scan's products and strongly decaying heads, the recurrence for
-small heads, the chunked scan, the blocks' RMSNorm and the token-/channel-major copies, each in
-one or two passes over cache-sized tiles (``at::parallel_for`` on torch's threads).
+gated merge), the quadratic SSD scan's products and strongly decaying heads, the chunked scan,
+the blocks' RMSNorm and the token-/channel-major copies, each in one or two passes over
+cache-sized tiles (``at::parallel_for`` on torch's threads).
 
 They are built once per machine and source version with ``torch.utils.cpp_extension`` (g++ and
 ninja; ``-march=native``, the build keyed by the CPU's instruction-set flags and the sources'

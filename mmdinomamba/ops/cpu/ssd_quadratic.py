@@ -39,11 +39,9 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from . import native_cpu
 from .native_cpu import kernels
 
-__all__ = ['ScanState', 'scan_forward', 'scan_backward', 'ssd_scan_quadratic', 'block_bounds',
-           'FACTORED_RANGE']
+__all__ = ['ScanState', 'scan_forward', 'scan_backward', 'block_bounds', 'FACTORED_RANGE']
 
 #: Largest decay range ``|S_first - S_last|`` of a head computed in the factored form (both
 #: factors within ``exp(+-50)``); wider heads are computed per head.
@@ -200,74 +198,3 @@ def decay_grad(dS: Tensor) -> Tensor:
     if d.shape[1] == 2:
         out[:, 1] = d[:, 1].cumsum(-1)
     return out
-
-
-def _channel_major(*ts: Tensor) -> list[Tensor]:
-    """(b, L, h, p) -> one causal direction (b, 1, h, p, L) of the channel-major layout
-    (contiguous copies)."""
-    return [t.permute(0, 2, 3, 1).unsqueeze(1).contiguous() for t in ts]
-
-
-def _token_major(t: Tensor) -> Tensor:
-    """(b, 1, h, p, L) -> (b, L, h, p) (a view)."""
-    return t.squeeze(1).permute(0, 3, 1, 2)
-
-
-def _layout(x, dt, A, B, C, D) -> tuple:
-    """:func:`ssd_scan_quadratic`'s operands in :func:`scan_forward`'s layout."""
-    xc, Bc, Cc = _channel_major(x, B, C)
-    return (xc, dt.transpose(1, 2).unsqueeze(1).contiguous(), A.unsqueeze(0), Bc, Cc,
-            None if D is None else D.unsqueeze(0))
-
-
-class _QuadraticSSD(torch.autograd.Function):
-    """Causal SSD scan in the quadratic form; keeps its inputs, recomputes the rest."""
-
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C, D):
-        y = scan_forward(*_layout(x, dt, A, B, C, D))[0]
-        ctx.save_for_backward(x, dt, A, B, C, D)
-        return _token_major(y)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x, dt, A, B, C, D = ctx.saved_tensors
-        xc, dtc, Ac, Bc, Cc, Dc = _layout(x, dt, A, B, C, D)
-        st = scan_forward(xc, dtc, Ac, Bc, Cc, Dc)[1]
-        dx, ddt, dA, dB, dC, dD = scan_backward(_channel_major(dy)[0], xc, dtc, Ac, Bc, Cc, st,
-                                                D is not None)
-        return (_token_major(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _token_major(dB),
-                _token_major(dC), None if dD is None else dD[0])
-
-
-def ssd_scan_quadratic(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                       D: Tensor | None = None) -> Tensor:
-    """Causal SSD scan by its (L, L) matrices in the native CPU kernels; exact to
-    :func:`~mmdinomamba.ops.ssd_scan_ref` up to rounding. Memory and work grow with ``L^2``:
-    meant for ``L`` up to a few hundred.
-
-    Args:
-        x (Tensor): (batch, length, heads, headdim) CPU tensor.
-        dt (Tensor): (batch, length, heads) positive step sizes.
-        A (Tensor): (heads,) negative decay rates.
-        B (Tensor): (batch, length, groups, state).
-        C (Tensor): (batch, length, groups, state).
-        D (Tensor, optional): (heads,) skip weights. Defaults to None.
-
-    Returns:
-        Tensor: (batch, length, heads, headdim) in the dtype of ``x`` (float16 / bfloat16
-        inputs are computed in float32).
-
-    Raises:
-        ValueError: no native kernels on this machine
-            (:func:`~mmdinomamba.ops.native_cpu.load_error` says why).
-    """
-    if not native_cpu.available():
-        raise ValueError(f'ssd_scan_quadratic: the native CPU kernels are not available '
-                         f'({native_cpu.load_error()})')
-    out_dtype = x.dtype
-    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    args = [None if t is None else t.to(dtype) for t in (x, dt, A, B, C, D)]
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        return _QuadraticSSD.apply(*args).to(out_dtype)

@@ -10,7 +10,6 @@
 #include "products.h"
 #include "rms_norm.h"
 #include "chunk_scan.h"
-#include "recurrent.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_silu_forward", &conv_silu_forward,
@@ -21,13 +20,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("merge_forward", &merge_forward,
         "(rmsnorm(y_0 silu(z)) w_0 + rmsnorm(y_1 silu(z)) w_1) / 2 of y (b, 2, d, L) and the "
         "token-major z (b, L, d), written into the token-major out (b, L, d)");
-  m.def("merge_backward", &merge_backward,
-        "gradients of merge_forward for the token-major dm (b, L, d): writes dz (b, L, d) "
-        "(and, if given, merge_forward's output again into out), returns [dy (b, 2, d, L), "
-        "dweight (2, d)]");
   m.def("merge_backward_scan", &merge_backward_scan,
-        "merge_backward with y = ys row + x diag (+ the wide heads' parts) of the quadratic "
-        "scan's state rebuilt tile by tile instead of read: [dy (b, 2, d, L), dweight (2, d)]");
+        "gradients of merge_forward for the token-major dm, with y = ys row + x diag (+ the wide "
+        "heads' parts) of the quadratic scan's state rebuilt tile by tile instead of read: writes "
+        "dz (b, L, d) (and, if given, merge_forward's output again into out), returns "
+        "[dy (b, 2, d, L), dweight (2, d)]");
   m.def("wide_forward", &wide_forward,
         "the wide heads' share of the quadratic scan added to y in place; returns it (N, p, L)");
   m.def("wide_backward", &wide_backward,
@@ -41,8 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "per-token sums over p of dxs x, dys ys, dy x]");
   m.def("scan_factors", &scan_factors,
         "the quadratic scan's [dt, S (float64), row, col (b, 2, h, L), wide (b, 2, h)] from the "
-        "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range "
-        "([dt] alone unless factors)");
+        "token-major raw step sizes (b, L, h), dt_bias and A (2, h), and the factored range");
   m.def("column_products", &column_products,
         "out = a @ m (or a @ m^T) per (sample, direction, group), m zero outside its block "
         "triangle, every block product a task");
@@ -59,9 +55,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x, dt, A, B, C, D and the chunk length");
   m.def("chunk_scan_backward", &chunk_scan_backward,
         "gradients of chunk_scan_forward for dy from its states: [dx, ddt, dA, dB, dC, dD]");
-  m.def("recurrent_scan_forward", &recurrent_scan_forward,
-        "the SSD scan by its recurrence, heads of 16 channels with 16 states: y (b, R, h, p, L) "
-        "of x, dt, A, B, C, D in the layout of ssd_quadratic.py");
-  m.def("recurrent_scan_backward", &recurrent_scan_backward,
-        "gradients of recurrent_scan_forward for dy: [dx, ddt, dA, dB, dC, dD]");
 }

@@ -2,8 +2,8 @@
 // and of the blocks' RMSNorm: both directions' depthwise conv + SiLU, and the gated merge (both
 // directions' gated RMSNorms and their average), forward and backward; in the SSD scan's
 // quadratic form, the strongly decaying heads, the element-wise work around its matrix products
-// and those products themselves, block by block in parallel; the recurrence of small heads; the
-// chunked SSD scan, forward and backward. The reference (mmdinomamba/ops/reference:
+// and those products themselves, block by block in parallel; the chunked SSD scan, forward and
+// backward. The reference (mmdinomamba/ops/reference:
 // bidir_mixer_ref, ssd_scan_ref, ssd_mixing_matrix, the chunked scan;
 // torch.nn.functional.rms_norm) is the specification.
 //
@@ -65,11 +65,11 @@ using Buffer = std::vector<T, CacheLineAllocator<T>>;
 
 // ---------------------------------------------------------------------------------------------
 // Tile transposes between the token-major projections (b, L, C) and the channel-major layout
-// of these kernels (b, C, L): dst[b, i, j] = src[b, j, i], inside the conv, the merge and the
-// recurrence. PyTorch's strided copy reads or
-// writes one element per cache line; here tiles of 16 x 16 (AVX-512) or 8 x 8 (AVX) floats are
-// loaded row by row, transposed in registers and stored row by row. Edge tiles and doubles go
-// element by element (inside a tile, so both sides still stay in cache).
+// of these kernels (b, C, L): dst[b, i, j] = src[b, j, i], inside the conv and the merge.
+// PyTorch's strided copy reads or writes one element per cache line; here tiles of 16 x 16
+// (AVX-512) or 8 x 8 (AVX) floats are loaded row by row, transposed in registers and stored row
+// by row. Edge tiles and doubles go element by element (inside a tile, so both sides still stay
+// in cache).
 constexpr int64_t TRANSPOSE_TILE = 16;
 
 template <typename T>

@@ -86,22 +86,11 @@ void merge_forward_kernel(const T* y, Tokens<const T> z, const T* w, Tokens<T> o
   });
 }
 
-// The merge's y as its backward kernel reads it: tile by tile of the channel-major (b, 2, d, L)
-// tensor, into the token-major scratch (ScanOutputInput rebuilds it from the scan's state).
-template <typename T>
-struct MergeInput {
-  const T* y;
-  int64_t d, length;
-  int64_t work_size() const { return 0; }
-  void to_tokens(int64_t b, int64_t t0, int64_t n, T* scratch, T* /* work */) const {
-    tile_to_tokens(y, b, t0, n, d, length, scratch);
-  }
-};
-
 // Gradients for dm: dy (b, 2, d, L), dz (token-major) and the weight's gradient of every tile
 // dw (b * tiles, 2, d) (summed by the caller: a fixed split, whatever the thread count); with
 // Out (out.data set), the forward pass's output again (token-major), from the values the
-// gradients use. y: a MergeInput or a ScanOutputInput.
+// gradients use. y: a ScanOutputInput (scan_pointwise.h), the scan's output rebuilt tile by tile
+// into the token-major scratch.
 template <bool Out, typename T, typename Y>
 void merge_backward_kernel(Tokens<const T> dm, const Y& y, Tokens<const T> z, const T* w,
                            T* dy, Tokens<T> dz, T* dw, Tokens<T> out, int64_t batch, int64_t d,
@@ -216,46 +205,6 @@ void merge_forward(const at::Tensor& y, const at::Tensor& z, const at::Tensor& w
                                    weight.data_ptr<scalar_t>(), tokens<scalar_t>(out), batch, d,
                                    length, groups, static_cast<scalar_t>(eps));
   });
-}
-
-// merge_backward_kernel for y given by make_input(scalar_t tag) (a MergeInput or a
-// ScanOutputInput); returns [dy (b, 2, d, L), dweight (2, d)].
-template <typename MakeInput>
-std::vector<at::Tensor> merge_backward_of(const at::Tensor& dm, MakeInput&& make_input,
-                                          const at::Tensor& z, const at::Tensor& weight,
-                                          int64_t groups, double eps, at::Tensor& dz,
-                                          const std::optional<at::Tensor>& out, int64_t batch,
-                                          int64_t d, int64_t length) {
-  auto dy = at::empty({batch, 2, d, length}, z.options().dtype(dm.scalar_type()));
-  const int64_t mt = merge_tokens(d), tiles = (length + mt - 1) / mt;
-  auto dw = at::empty({batch * tiles, 2, d}, dy.options());
-  AT_DISPATCH_FLOATING_TYPES(dm.scalar_type(), "merge_backward", [&] {
-    const auto input = make_input(scalar_t(0));
-    using Input = std::decay_t<decltype(input)>;
-    auto kernel = out ? merge_backward_kernel<true, scalar_t, Input>
-                      : merge_backward_kernel<false, scalar_t, Input>;
-    kernel(tokens<const scalar_t>(dm), input, tokens<const scalar_t>(z),
-           weight.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), tokens<scalar_t>(dz),
-           dw.data_ptr<scalar_t>(), out ? tokens<scalar_t>(*out) : Tokens<scalar_t>{}, batch, d,
-           length, groups, static_cast<scalar_t>(eps));
-  });
-  return {dy, dw.sum(0)};
-}
-
-std::vector<at::Tensor> merge_backward(const at::Tensor& dm, const at::Tensor& y,
-                                       const at::Tensor& z, const at::Tensor& weight,
-                                       int64_t groups, double eps, at::Tensor& dz,
-                                       std::optional<at::Tensor> out) {
-  check_merge(y, weight, groups);
-  const int64_t batch = y.size(0), d = y.size(2), length = y.size(3);
-  check_merge_tokens(dm, z, dz, out, batch, length, d, y.scalar_type());
-  return merge_backward_of(
-      dm,
-      [&](auto tag) {
-        using T = decltype(tag);
-        return MergeInput<T>{y.data_ptr<T>(), d, length};
-      },
-      z, weight, groups, eps, dz, out, batch, d, length);
 }
 
 }  // namespace

@@ -10,8 +10,7 @@ namespace {
 // sizes (a view into the projection), S the cumulative sum of a = dt A[r] in float64 (inclusive;
 // reverse for direction 1, written as total - cumsum + a as cumulative() does), whether the head
 // is wide (|S_first - S_last| > range) and, for the others, row = exp(S - c) and col = exp(c - S)
-// with c the middle of the range (zero for wide heads); dt alone where S is null (the
-// recurrence's). One thread per (b, r, h) row.
+// with c the middle of the range (zero for wide heads). One thread per (b, r, h) row.
 template <typename T>
 void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, double* S,
                          T* row, T* col, bool* wide, int64_t batch, int64_t heads,
@@ -27,7 +26,6 @@ void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, 
         const T v = x[t * raw.token_stride] + bh;
         d[t] = v > T(20) ? v : std::log1p(std::exp(v));  // F.softplus, threshold 20
       }
-      if (S == nullptr) continue;
       double acc = 0;
       for (int64_t t = 0; t < length; ++t) s[t] = acc += static_cast<double>(d[t] * ah);
       if (r == 1) {
@@ -50,7 +48,7 @@ void scan_factors_kernel(Tokens<const T> raw, const T* bias, const T* A, T* dt, 
 }
 
 std::vector<at::Tensor> scan_factors(const at::Tensor& raw, const at::Tensor& bias,
-                                     const at::Tensor& A, double range, bool factors) {
+                                     const at::Tensor& A, double range) {
   TORCH_CHECK(raw.dim() == 3, "native scan factors: raw must be a (b, L, h) tensor, got ",
               raw.sizes());
   const int64_t batch = raw.size(0), length = raw.size(1), heads = raw.size(2);
@@ -63,14 +61,6 @@ std::vector<at::Tensor> scan_factors(const at::Tensor& raw, const at::Tensor& bi
                 "dtype");
   const std::vector<int64_t> shape{batch, 2, heads, length};
   auto dt = at::empty(shape, raw.options());
-  if (!factors) {
-    AT_DISPATCH_FLOATING_TYPES(raw.scalar_type(), "scan_factors", [&] {
-      scan_factors_kernel<scalar_t>(tokens<const scalar_t>(raw), bias.data_ptr<scalar_t>(),
-                                    A.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), nullptr,
-                                    nullptr, nullptr, nullptr, batch, heads, length, range);
-    });
-    return {dt};
-  }
   auto row = at::empty(shape, raw.options()), col = at::empty(shape, raw.options());
   auto S = at::empty(shape, raw.options().dtype(at::kDouble));
   auto wide = at::empty({batch, 2, heads}, raw.options().dtype(at::kBool));
@@ -181,8 +171,7 @@ void backward_pointwise_plane(T* gn, const T* xn, const T* dyn, const T* dysn, c
 // The merge's y rebuilt tile by tile from the quadratic scan's state: y = ys row + x diag, plus
 // its part for a wide head (wide_forward's parts), channel-major in the thread's
 // (d, merge_tokens(d)) work buffer, then transposed into the merge's token-major scratch.
-// merge_backward_scan thus reads ys and x where merge_backward would read y: y is neither
-// written nor read again (DinoVim-T: 6.4 MB a layer each way).
+// merge_backward_scan thus reads ys and x instead of y: y is neither written nor read again (DinoVim-T: 6.4 MB a layer each way).
 template <typename T>
 struct ScanOutputInput {
   const T *ys, *row, *x, *diag, *parts;
@@ -251,16 +240,21 @@ std::vector<at::Tensor> merge_backward_scan(const at::Tensor& dm, const at::Tens
               ") CPU tensor of x's dtype for the ", count, " wide heads");
   check_merge_tokens(dm, z, dz, out, batch, length, d, x.scalar_type());
   check_merge_weight(weight, groups, d, x.scalar_type());
-  const Planes pys(ys), px(x);
-  return merge_backward_of(
-      dm,
-      [&](auto tag) {
-        using T = decltype(tag);
-        return ScanOutputInput<T>{ys.data_ptr<T>(), row.data_ptr<T>(), x.data_ptr<T>(),
-                                  diag.data_ptr<T>(), count ? parts->data_ptr<T>() : nullptr,
-                                  pys, px, part.data(), d, length};
-      },
-      z, weight, groups, eps, dz, out, batch, d, length);
+  auto dy = at::empty({batch, 2, d, length}, x.options());
+  const int64_t mt = merge_tokens(d), tiles = (length + mt - 1) / mt;
+  auto dw = at::empty({batch * tiles, 2, d}, dy.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "merge_backward_scan", [&] {
+    using T = scalar_t;
+    const ScanOutputInput<T> input{ys.data_ptr<T>(), row.data_ptr<T>(), x.data_ptr<T>(),
+                                   diag.data_ptr<T>(), count ? parts->data_ptr<T>() : nullptr,
+                                   Planes(ys), Planes(x), part.data(), d, length};
+    auto kernel = out ? merge_backward_kernel<true, T, ScanOutputInput<T>>
+                      : merge_backward_kernel<false, T, ScanOutputInput<T>>;
+    kernel(tokens<const T>(dm), input, tokens<const T>(z), weight.data_ptr<T>(),
+           dy.data_ptr<T>(), tokens<T>(dz), dw.data_ptr<T>(), out ? tokens<T>(*out) : Tokens<T>{},
+           batch, d, length, groups, static_cast<T>(eps));
+  });
+  return {dy, dw.sum(0)};
 }
 
 }  // namespace

@@ -6,7 +6,7 @@ import sys
 
 
 def test_applies_on_glibc_only_and_torch_still_computes():
-    code = ('import torch\nfrom mmdinomamba.ops import keep_freed_cpu_memory\n'
+    code = ('import torch\nfrom mmdinomamba.utils.cpu_memory import keep_freed_cpu_memory\n'
             'print(keep_freed_cpu_memory())\nprint(float(torch.ones(1 << 22).sum()))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          check=True).stdout.split()
