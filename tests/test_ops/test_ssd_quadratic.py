@@ -13,18 +13,21 @@ from test_ssd_scan import (HEADS, HEADDIM, assert_float32_close_to_float64, asse
                            make_inputs, rel_err)
 
 
-def _planes(t):
-    """(b, L, h, p) -> one causal direction (b, 1, h, p, L) of the kernels' layout."""
-    return t.permute(0, 2, 3, 1).unsqueeze(1).contiguous()
+def _channel_major(x, dt, A, B, C, D):
+    return (x.permute(0, 2, 3, 1), dt.transpose(1, 2), A, B.permute(0, 2, 3, 1),
+            C.permute(0, 2, 3, 1), D)
+
+
+def _one_direction(*args):
+    """``ssd_scan``'s operands as one causal direction (R = 1) of :func:`scan_forward`'s
+    layout."""
+    return [None if t is None else t.unsqueeze(1 if t.dim() > 1 else 0).contiguous()
+            for t in _channel_major(*args)]
 
 
 def _tokens(t):
+    """(b, 1, h, p, L) -> (b, L, h, p)."""
     return t.squeeze(1).permute(0, 3, 1, 2)
-
-
-def _kernel_layout(x, dt, A, B, C, D):
-    return (_planes(x), dt.transpose(1, 2).unsqueeze(1).contiguous(), A.unsqueeze(0), _planes(B),
-            _planes(C), None if D is None else D.unsqueeze(0))
 
 
 class _QuadraticSSD(torch.autograd.Function):
@@ -34,14 +37,15 @@ class _QuadraticSSD(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D):
         ctx.save_for_backward(x, dt, A, B, C, D)
-        return _tokens(scan_forward(*_kernel_layout(x, dt, A, B, C, D))[0])
+        return _tokens(scan_forward(*_one_direction(x, dt, A, B, C, D))[0])
 
     @staticmethod
     def backward(ctx, dy):
         x, dt, A, B, C, D = ctx.saved_tensors
-        ins = _kernel_layout(x, dt, A, B, C, D)
+        ins = _one_direction(x, dt, A, B, C, D)
         st = scan_forward(*ins)[1]
-        dx, ddt, dA, dB, dC, dD = scan_backward(_planes(dy), *ins[:5], st, D is not None)
+        dyc = dy.permute(0, 2, 3, 1).unsqueeze(1).contiguous()
+        dx, ddt, dA, dB, dC, dD = scan_backward(dyc, *ins[:5], st, D is not None)
         return (_tokens(dx), ddt.squeeze(1).transpose(1, 2), dA[0], _tokens(dB), _tokens(dC),
                 None if dD is None else dD[0])
 
@@ -97,11 +101,6 @@ def test_factored_and_per_head_heads_in_one_batch_float64():
                                            (401, [0, 96, 208, 304, 401])])
 def test_triangle_blocks_are_near_equal_with_aligned_inner_bounds(length, bounds):
     assert block_bounds(length) == bounds
-
-
-def _channel_major(x, dt, A, B, C, D):
-    return (x.permute(0, 2, 3, 1), dt.transpose(1, 2), A, B.permute(0, 2, 3, 1),
-            C.permute(0, 2, 3, 1), D)
 
 
 def _reference(both, dy):
