@@ -122,16 +122,8 @@ def test_bf16_mixer_backward_is_close_to_float32():
 
 def _saved_bytes(m, x) -> int:
     """Bytes of the storages that ``m(x)`` keeps for its backward pass."""
-    from torch.autograd.graph import saved_tensors_hooks
-    storages = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with saved_tensors_hooks(pack, lambda t: t):
-        m(x)
-    return sum(storages.values())
+    from repo_files import load_file
+    return load_file('tools/gpu/saved_activations.py').saved_bytes(lambda: m(x))
 
 
 def test_keeps_less_for_backward_than_the_specification():

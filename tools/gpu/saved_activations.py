@@ -20,6 +20,7 @@ import argparse
 import os
 import os.path as osp
 import sys
+import weakref
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
@@ -32,17 +33,26 @@ WIDTHS = dict(t=256, s=512, b=768)
 
 
 def saved_bytes(fn) -> int:
-    """Total bytes of the distinct storages autograd saves while ``fn`` runs."""
+    """Total bytes of the distinct storages autograd keeps for backward once ``fn`` (which
+    returns its output) has run: a tensor saved and freed again during ``fn`` (its part of the
+    graph dropped) is not counted, and neither can the storage reusing its address hide
+    another one."""
     import torch
-    storages = {}
+    saved = []
 
     def pack(t):
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        saved.append(weakref.ref(t))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
+        out = fn()
+    storages = {}
+    for ref in saved:
+        t = ref()
+        if t is not None:  # still held by the graph of ``out``
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    del out
     return sum(storages.values())
 
 
@@ -62,7 +72,7 @@ def per_layer_image(arch: str, res: int, variant: str, device: str) -> int:
 
             def step():
                 with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-                    model(x)[0].float().sum()
+                    return model(x)[0].float().sum()
 
             if VARIANTS[variant] is None:
                 with reference_ops():
