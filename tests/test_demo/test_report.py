@@ -3,12 +3,12 @@ import math
 
 import pytest
 
-from mmdinomamba.demo.report import (auc_by_layer, auc_during_training, build_summary,
-                                     render_report, series)
+from mmdinomamba.demo.report import (AT_CHANCE, auc_by_layer, auc_during_training,
+                                     build_summary, render_report, series)
 
 SUMMARY_KEYS = {'wall_time_s', 'num_classes', 'knn_top1', 'linear_top1', 'binary_auc_mean',
                 'binary_auc_best_layer', 'binary_auc_per_layer', 'teacher_batch_entropy',
-                'prototypes_used'}
+                'prototypes_used', 'random_vs_chance'}
 AUC_KEYS = {'binary_auc_mean', 'binary_auc_best_layer', 'binary_auc_per_layer'}
 
 
@@ -64,6 +64,21 @@ def test_report_states_margins_and_spread():
     no_masks = render_report(build_summary(_result(1., 2.), [_result(1., 2.)], [], 2, 8, 1.),
                              'c', 'd', [], {})
     assert 'Binary-AUC: skipped' in no_masks and 'prototypes in use' in no_masks
+
+
+def test_random_init_at_chance_is_measured_and_reported():
+    # 5 classes (chance 20%): the best random seed at 20.6 is at chance, 52 would not be
+    at = build_summary(_result(22., 25.), [_result(18., 20.), _result(20.6, 21.)], SCALARS, 5,
+                       256, 1.)
+    assert at['random_vs_chance'] == dict(chance=20., best_random_knn=20.6, ratio=1.03,
+                                          at_chance=True)
+    text = render_report(at, 'c', 'd', [], {})
+    assert 'random init classifies at chance' in text and '1.03 x chance 20.0%' in text
+    above = build_summary(_result(70., 80.), [_result(52., 60.)], SCALARS, 5, 256, 1.)
+    assert above['random_vs_chance']['at_chance'] is False
+    assert 'classifies at chance' not in render_report(above, 'c', 'd', [], {})
+    edge = build_summary(_result(1., 2.), [_result(AT_CHANCE * 10., 1.)], SCALARS, 10, 8, 1.)
+    assert edge['random_vs_chance']['at_chance'] is False  # at the bar is not below it
 
 
 @pytest.mark.parametrize('line,expected', [
