@@ -152,9 +152,8 @@ def build_summary(teacher: dict, randoms: Sequence[dict], scalars: Sequence[dict
 
     summary = dict(wall_time_s=round(wall_time_s, 1), num_classes=num_classes,
                    knn_top1=entry(lambda r: r['knn_top1']),
-                   linear_top1=entry(lambda r: r['linear_top1']),
-                   random_vs_chance=random_vs_chance(num_classes,
-                                                     [r['knn_top1'] for r in randoms]))
+                   linear_top1=entry(lambda r: r['linear_top1']))
+    summary['random_vs_chance'] = random_vs_chance(num_classes, summary['knn_top1']['random'])
     if teacher.get('binary_auc'):
         summary['binary_auc_mean'] = entry(_auc_mean)
         summary['binary_auc_best_layer'] = entry(_auc_best)
